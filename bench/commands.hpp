@@ -1,0 +1,20 @@
+#pragma once
+// The tierflow CLI's subcommands. Each registers its options on the app and returns the action
+// to run when it was chosen; actions return the process exit code.
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace tierflow::cli {
+
+/** Exit codes: 0 success, 1 failure while running, 2 bad input (arguments, files, env). */
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_failure = 1;
+inline constexpr int exit_bad_input = 2;
+
+using action = std::function<int()>;
+
+/** `tierflow topo`: the machine's memory tiers as a table or JSON. */
+action add_topo_command(CLI::App& app);
+
+}  // namespace tierflow::cli

@@ -1,0 +1,75 @@
+#include "format.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace tierflow::cli {
+
+std::string format_bytes(std::optional<std::uint64_t> bytes) {
+  if (!bytes) {
+    return "-";
+  }
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  constexpr double mib = 1024.0 * 1024.0;
+  char text[64];
+  const auto value = static_cast<double>(*bytes);
+  if (value >= gib) {
+    std::snprintf(text, sizeof text, "%.1f GiB", value / gib);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f MiB", value / mib);
+  }
+  return text;
+}
+
+std::string format_number(std::optional<double> value, int decimals) {
+  if (!value) {
+    return "-";
+  }
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, *value);
+  return text;
+}
+
+std::string format_bandwidth(std::optional<double> gbps) {
+  if (!gbps) {
+    return "-";
+  }
+  const int decimals = *gbps >= 100.0 ? 0 : (*gbps >= 10.0 ? 1 : 2);
+  return format_number(gbps, decimals);
+}
+
+std::string render_table(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width(header.size(), 0);
+  auto widen = [&](const std::vector<std::string>& row) {
+    for (std::size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  };
+  widen(header);
+  for (const auto& row : rows) {
+    widen(row);
+  }
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (std::size_t i = 0; i < width.size(); ++i) {
+      const auto& cell = i < row.size() ? row[i] : std::string();
+      line += cell;
+      if (i + 1 < width.size()) {
+        line += std::string(width[i] - cell.size() + 2, ' ');
+      }
+    }
+    while (!line.empty() && line.back() == ' ') {
+      line.pop_back();
+    }
+    out += line + '\n';
+  };
+  emit(header);
+  for (const auto& row : rows) {
+    emit(row);
+  }
+  return out;
+}
+
+}  // namespace tierflow::cli

@@ -1,0 +1,24 @@
+#pragma once
+// Human formatting for CLI output: sizes, bandwidths and fixed-width tables.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tierflow::cli {
+
+/** `12.0 GiB`, `512 MiB`, `-` when unknown. */
+std::string format_bytes(std::optional<std::uint64_t> bytes);
+
+/** A value with @p decimals digits, or `-` when unknown. */
+std::string format_number(std::optional<double> value, int decimals);
+
+/** A bandwidth in GB/s with 3 significant digits (`131`, `32.8`, `0.02`), `-` when unknown. */
+std::string format_bandwidth(std::optional<double> gbps);
+
+/** Renders rows under a header, each column as wide as its widest cell. */
+std::string render_table(const std::vector<std::string>& header,
+                         const std::vector<std::vector<std::string>>& rows);
+
+}  // namespace tierflow::cli

@@ -1,0 +1,253 @@
+// tierflow topo: what memory this machine has, as a table or as JSON (keys in README.md).
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "commands.hpp"
+#include "format.hpp"
+#include "tierflow/detail/parse.hpp"
+#include "tierflow/settings.hpp"
+#include "tierflow/topology.hpp"
+
+namespace tierflow::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int topo_json_schema_version = 1;
+
+struct topo_options {
+  bool json_output = false;
+  std::string hwloc_xml;
+  std::string sysfs_root;
+  std::string tiers;
+  std::string config;
+  int initiator = -1;
+  bool no_hwloc = false;
+};
+
+std::vector<int> ids_of(const std::vector<numa_node_id>& nodes) {
+  std::vector<int> ids;
+  for (const auto& id : nodes) {
+    ids.push_back(id.value);
+  }
+  return ids;
+}
+
+json perf_json(const perf_value& value) {
+  return json{{"value", value.known() ? json(value.value) : json(nullptr)},
+              {"source", std::string(to_string(value.source))}};
+}
+
+json access_json(const access_perf& perf) {
+  return json{{"read_bandwidth_mbps", perf_json(perf.read_bandwidth)},
+              {"write_bandwidth_mbps", perf_json(perf.write_bandwidth)},
+              {"read_latency_ns", perf_json(perf.read_latency)},
+              {"write_latency_ns", perf_json(perf.write_latency)}};
+}
+
+json optional_json(const std::optional<std::uint64_t>& value) {
+  return value ? json(*value) : json(nullptr);
+}
+
+json to_json(const topology& topo) {
+  json out;
+  out["schema_version"] = topo_json_schema_version;
+  out["sources"] = topo.sources();
+  out["initiator"] = topo.initiator().value;
+  out["tiers_override"] =
+      topo.override_origin().empty() ? json(nullptr) : json(topo.override_origin());
+  out["gpu_status"] = topo.gpu_status();
+
+  out["tiers"] = json::array();
+  for (const auto& t : topo.tiers()) {
+    out["tiers"].push_back(json{{"name", t.name},
+                                {"kind", std::string(to_string(t.kind))},
+                                {"nodes", ids_of(t.nodes)},
+                                {"gpu", t.gpu >= 0 ? json(t.gpu) : json(nullptr)},
+                                {"capacity_bytes", t.capacity_bytes},
+                                {"free_bytes", optional_json(t.free_bytes)},
+                                {"perf", access_json(t.perf)},
+                                {"nearest_gpus", t.nearest_gpus}});
+  }
+
+  out["nodes"] = json::array();
+  for (const auto& n : topo.nodes()) {
+    json distances = json::object();
+    for (const auto& other : topo.nodes()) {
+      if (const auto d = topo.distance(n.id, other.id)) {
+        distances[std::to_string(other.id.value)] = *d;
+      }
+    }
+    out["nodes"].push_back(
+        json{{"id", n.id.value},
+             {"has_cpu", n.has_cpu},
+             {"cpus", detail::format_id_list(n.cpus)},
+             {"capacity_bytes", n.capacity_bytes},
+             {"free_bytes", optional_json(n.free_bytes)},
+             {"memory_tier", n.memory_tier ? json(*n.memory_tier) : json(nullptr)},
+             {"hwloc_subtype", n.hwloc_subtype.empty() ? json(nullptr) : json(n.hwloc_subtype)},
+             {"dax_device", n.dax_device.empty() ? json(nullptr) : json(n.dax_device)},
+             {"kind", std::string(to_string(n.kind))},
+             {"kind_reason", n.kind_reason},
+             {"distances", distances}});
+  }
+
+  out["access"] = json::array();
+  for (const auto& initiator : topo.nodes()) {
+    for (const auto& target : topo.nodes()) {
+      const auto perf = topo.access(initiator.id, target.id);
+      if (perf.read_bandwidth.known() || perf.write_bandwidth.known() ||
+          perf.read_latency.known() || perf.write_latency.known()) {
+        auto entry = access_json(perf);
+        entry["initiator"] = initiator.id.value;
+        entry["target"] = target.id.value;
+        out["access"].push_back(entry);
+      }
+    }
+  }
+
+  out["gpus"] = json::array();
+  for (std::size_t i = 0; i < topo.gpus().size(); ++i) {
+    const auto& g = topo.gpus()[i];
+    out["gpus"].push_back(
+        json{{"index", i},
+             {"cuda_index", g.cuda_index >= 0 ? json(g.cuda_index) : json(nullptr)},
+             {"name", g.name.empty() ? json(nullptr) : json(g.name)},
+             {"pci_bus_id", g.pci_bus_id},
+             {"memory_total_bytes", g.memory_total_bytes > 0 ? json(g.memory_total_bytes)
+                                                              : json(nullptr)},
+             {"memory_free_bytes", g.memory_free_bytes > 0 ? json(g.memory_free_bytes)
+                                                            : json(nullptr)},
+             {"nearest_nodes", ids_of(g.nearest_nodes)}});
+  }
+  return out;
+}
+
+std::optional<double> gbps(const perf_value& v) {
+  return v.known() ? std::optional<double>(v.value / 1000.0) : std::nullopt;
+}
+
+std::optional<double> plain(const perf_value& v) {
+  return v.known() ? std::optional<double>(v.value) : std::nullopt;
+}
+
+std::string perf_source(const access_perf& p) {
+  for (const auto* v : {&p.read_bandwidth, &p.write_bandwidth, &p.read_latency,
+                        &p.write_latency}) {
+    if (v->known()) {
+      return std::string(to_string(v->source));
+    }
+  }
+  return "unknown";
+}
+
+void print_table(const topology& topo) {
+  std::printf("Memory tiers (relative to initiator node %d; GB/s = 10^9 B/s)\n",
+              topo.initiator().value);
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : topo.tiers()) {
+    std::string nearest;
+    for (int g : t.nearest_gpus) {
+      nearest += (nearest.empty() ? "gpu" : ",gpu") + std::to_string(g);
+    }
+    rows.push_back({t.name, std::string(to_string(t.kind)),
+                    t.kind == tier_kind::hbm ? "gpu" + std::to_string(t.gpu)
+                                             : detail::format_id_list(ids_of(t.nodes)),
+                    format_bytes(t.capacity_bytes), format_bytes(t.free_bytes),
+                    format_bandwidth(gbps(t.perf.read_bandwidth)),
+                    format_bandwidth(gbps(t.perf.write_bandwidth)),
+                    format_number(plain(t.perf.read_latency), 0), perf_source(t.perf),
+                    nearest.empty() ? "-" : nearest});
+  }
+  std::fputs(render_table({"tier", "kind", "nodes", "capacity", "free", "read GB/s",
+                           "write GB/s", "latency ns", "source", "nearest GPU"},
+                          rows)
+                 .c_str(),
+             stdout);
+
+  std::printf("\nNUMA nodes\n");
+  rows.clear();
+  for (const auto& n : topo.nodes()) {
+    rows.push_back({std::to_string(n.id.value), n.has_cpu ? detail::format_id_list(n.cpus) : "-",
+                    n.memory_tier ? std::to_string(*n.memory_tier) : "-",
+                    std::string(to_string(n.kind)), n.kind_reason});
+  }
+  std::fputs(render_table({"node", "cpus", "memory tier", "kind", "why"}, rows).c_str(), stdout);
+
+  std::printf("\nGPUs: %s\n", topo.gpu_status().c_str());
+  for (std::size_t i = 0; i < topo.gpus().size(); ++i) {
+    const auto& g = topo.gpus()[i];
+    std::printf("  gpu%zu  %s  %s  %s  nearest nodes %s\n", i,
+                g.name.empty() ? "(not visible to CUDA)" : g.name.c_str(), g.pci_bus_id.c_str(),
+                format_bytes(g.memory_total_bytes > 0 ? std::optional(g.memory_total_bytes)
+                                                      : std::nullopt)
+                    .c_str(),
+                g.nearest_nodes.empty() ? "unknown"
+                                        : detail::format_id_list(ids_of(g.nearest_nodes)).c_str());
+  }
+  std::printf("\nSources: ");
+  for (std::size_t i = 0; i < topo.sources().size(); ++i) {
+    std::printf("%s%s", i ? ", " : "", topo.sources()[i].c_str());
+  }
+  std::printf("\n");
+  if (!topo.override_origin().empty()) {
+    std::printf("Tier override from %s\n", topo.override_origin().c_str());
+  }
+}
+
+}  // namespace
+
+action add_topo_command(CLI::App& app) {
+  auto options = std::make_shared<topo_options>();
+  auto* cmd = app.add_subcommand("topo", "Show the machine's memory tiers, nodes and GPUs");
+  cmd->add_flag("--json", options->json_output, "Print JSON (keys documented in README.md)");
+  cmd->add_option("--hwloc-xml", options->hwloc_xml,
+                  "Read the hwloc topology from this XML file instead of the live machine");
+  cmd->add_option("--sysfs-root", options->sysfs_root,
+                  "Read sysfs under this directory instead of / (a recorded or fake tree)");
+  cmd->add_option("--tiers", options->tiers,
+                  "Override the classification, e.g. 'cxl=2,3;dram=0' (wins over "
+                  "TIERFLOW_TIERS and the config file)");
+  cmd->add_option("--config", options->config,
+                  "Configuration file (key = value lines; default: env TIERFLOW_CONFIG)");
+  cmd->add_option("--initiator", options->initiator,
+                  "Node that tier kinds are relative to (default: GPU 0's nearest node, else "
+                  "the first node with CPUs)");
+  cmd->add_flag("--no-hwloc", options->no_hwloc, "Do not consult hwloc");
+
+  return [options]() {
+    discovery_options discover;
+    if (!options->sysfs_root.empty()) {
+      discover.sysfs_root = options->sysfs_root;
+    }
+    if (!options->hwloc_xml.empty()) {
+      discover.hwloc_xml = options->hwloc_xml;
+    }
+    discover.use_hwloc = !options->no_hwloc;
+    discover.query_gpu_free_memory = true;
+    if (options->initiator >= 0) {
+      discover.initiator = numa_node_id{options->initiator};
+    }
+    if (!options->tiers.empty()) {
+      discover.tiers_override = options->tiers;
+    }
+    const auto config = options->config.empty() ? settings::from_environment()
+                                                : settings::from_file(options->config);
+    discover.config = &config;
+
+    const auto topo = topology::discover(discover);
+    if (options->json_output) {
+      std::cout << to_json(topo).dump(2) << '\n';
+    } else {
+      print_table(topo);
+    }
+    return exit_ok;
+  };
+}
+
+}  // namespace tierflow::cli

@@ -1,0 +1,66 @@
+#pragma once
+/** @file
+ * @brief The tierflow exception hierarchy and the argument-checking macro.
+ *
+ * Every public call reports failure by throwing one of these types; none of them is thrown
+ * from a destructor. The C ABI (a later layer) turns them into error codes.
+ */
+
+#include <stdexcept>
+#include <string>
+
+namespace tierflow {
+
+/** @brief Base of every exception tierflow throws (except out-of-memory types). */
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/**
+ * @brief Bad input from outside the program: a file, a sysfs entry, an environment variable,
+ * a command-line value or a configuration key.
+ *
+ * `what()` is one line: `SOURCE: PROBLEM: 'OFFENDING TEXT'` (the quote part is left out when
+ * there is no offending text, e.g. for a missing file).
+ */
+class input_error : public error {
+ public:
+  /**
+   * @param source where the input came from: a path, `FILE:LINE`, or `env NAME`
+   * @param problem what is wrong with it, in a few words
+   * @param offending_text the text that was rejected (may be empty)
+   */
+  input_error(std::string source, std::string problem, std::string offending_text = {});
+
+  /** @brief Where the bad input came from. */
+  [[nodiscard]] const std::string& source() const noexcept { return source_; }
+  /** @brief What is wrong with it. */
+  [[nodiscard]] const std::string& problem() const noexcept { return problem_; }
+  /** @brief The rejected text, possibly shortened for display; may be empty. */
+  [[nodiscard]] const std::string& offending_text() const noexcept { return offending_text_; }
+
+ private:
+  std::string source_;
+  std::string problem_;
+  std::string offending_text_;
+};
+
+namespace detail {
+/** @brief Throws tierflow::error for a failed TIERFLOW_EXPECTS (kept out of line). */
+[[noreturn]] void throw_expects_failure(const char* condition, const std::string& message,
+                                        const char* file, int line);
+}  // namespace detail
+
+}  // namespace tierflow
+
+/**
+ * @brief Checks a precondition of a public call; throws tierflow::error naming the condition,
+ * the message and file:line when it does not hold.
+ */
+#define TIERFLOW_EXPECTS(condition, message)                                               \
+  do {                                                                                     \
+    if (!(condition)) {                                                                    \
+      ::tierflow::detail::throw_expects_failure(#condition, (message), __FILE__, __LINE__); \
+    }                                                                                      \
+  } while (false)

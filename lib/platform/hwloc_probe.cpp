@@ -1,0 +1,201 @@
+#include "platform/hwloc_probe.hpp"
+
+#include <hwloc.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+
+namespace tierflow::detail::platform {
+namespace {
+
+struct topology_deleter {
+  void operator()(hwloc_topology* t) const noexcept { hwloc_topology_destroy(t); }
+};
+using topology_ptr = std::unique_ptr<hwloc_topology, topology_deleter>;
+
+constexpr unsigned nvidia_vendor_id = 0x10de;
+
+// Subtypes hwloc gives memory that has no CPUs of its own.
+bool is_memory_only_subtype(const std::string& subtype) {
+  return subtype == "MCDRAM" || subtype == "HBM" || subtype == "SPM" || subtype == "NVM" ||
+         subtype == "CXL-DRAM" || subtype == "GPUMemory";
+}
+
+// hwloc attaches a NUMA node to the object that holds its local CPUs; a CPU-less node is
+// attached to a larger ancestor and so inherits that ancestor's cpuset. Memory-side caches may
+// sit between a node and that object.
+hwloc_obj_t locality_parent(hwloc_obj_t node) {
+  hwloc_obj_t parent = node->parent;
+  while (parent != nullptr && hwloc_obj_type_is_memory(parent->type)) {
+    parent = parent->parent;
+  }
+  return parent;
+}
+
+std::vector<int> cpus_of(hwloc_const_cpuset_t cpuset) {
+  std::vector<int> cpus;
+  if (cpuset == nullptr) {
+    return cpus;
+  }
+  int id = -1;
+  while ((id = hwloc_bitmap_next(cpuset, id)) != -1) {
+    cpus.push_back(id);
+  }
+  return cpus;
+}
+
+// hwloc alone cannot say whether a node has CPUs. Rule: among the nodes attached to one
+// locality parent, a node whose subtype names memory-only technology is CPU-less; of the
+// others, the lowest os_index owns the parent's CPUs and the rest are CPU-less.
+void infer_cpu_ownership(std::vector<hwloc_node_facts>& nodes,
+                         const std::vector<hwloc_obj_t>& objects) {
+  std::map<hwloc_obj_t, std::size_t> owner;
+  for (std::size_t i = 0; i < objects.size(); ++i) {
+    const auto parent = locality_parent(objects[i]);
+    const bool has_pus = parent != nullptr && parent->cpuset != nullptr &&
+                         !hwloc_bitmap_iszero(parent->cpuset);
+    if (!has_pus || is_memory_only_subtype(nodes[i].subtype)) {
+      continue;
+    }
+    auto it = owner.find(parent);
+    if (it == owner.end() || nodes[i].os_index < nodes[it->second].os_index) {
+      owner[parent] = i;
+    }
+  }
+  for (const auto& [parent, index] : owner) {
+    nodes[index].has_cpu = true;
+    nodes[index].cpus = cpus_of(parent->cpuset);
+  }
+}
+
+std::optional<std::uint64_t> memattr(hwloc_topology_t topo, hwloc_memattr_id_t id,
+                                     hwloc_obj_t target, hwloc_cpuset_t initiator) {
+  hwloc_location location{};
+  location.type = HWLOC_LOCATION_TYPE_CPUSET;
+  location.location.cpuset = initiator;
+  hwloc_uint64_t value = 0;
+  if (hwloc_memattr_get_value(topo, id, target, &location, 0, &value) != 0 || value == 0) {
+    return std::nullopt;
+  }
+  return value;
+}
+
+void collect_distances(hwloc_topology_t topo, std::vector<hwloc_distance_facts>& out) {
+  unsigned count = 1;
+  hwloc_distances_s* matrix = nullptr;
+  if (hwloc_distances_get_by_type(topo, HWLOC_OBJ_NUMANODE, &count, &matrix,
+                                  HWLOC_DISTANCES_KIND_MEANS_LATENCY, 0) != 0 ||
+      count == 0 || matrix == nullptr) {
+    return;
+  }
+  for (unsigned i = 0; i < matrix->nbobjs; ++i) {
+    for (unsigned j = 0; j < matrix->nbobjs; ++j) {
+      out.push_back({static_cast<int>(matrix->objs[i]->os_index),
+                     static_cast<int>(matrix->objs[j]->os_index),
+                     matrix->values[i * matrix->nbobjs + j]});
+    }
+  }
+  hwloc_distances_release(topo, matrix);
+}
+
+void collect_gpus(hwloc_topology_t topo, std::vector<hwloc_gpu_facts>& out) {
+  for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo, nullptr); pci != nullptr;
+       pci = hwloc_get_next_pcidev(topo, pci)) {
+    const auto& attr = pci->attr->pcidev;
+    const unsigned base_class = attr.class_id;  // e.g. 0x0302
+    if (attr.vendor_id != nvidia_vendor_id || (base_class != 0x0300 && base_class != 0x0302)) {
+      continue;
+    }
+    hwloc_gpu_facts gpu;
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.%01x", attr.domain, attr.bus, attr.dev,
+                  attr.func);
+    gpu.pci_bus_id = bus_id;
+    hwloc_obj_t parent = hwloc_get_non_io_ancestor_obj(topo, pci);
+    if (parent != nullptr && parent->nodeset != nullptr) {
+      int id = -1;
+      while ((id = hwloc_bitmap_next(parent->nodeset, id)) != -1) {
+        gpu.nearest_nodes.push_back(id);
+      }
+    }
+    out.push_back(std::move(gpu));
+  }
+}
+
+}  // namespace
+
+int hwloc_probe(const char* xml_path, hwloc_facts& out, std::string& error) noexcept {
+  try {
+    hwloc_topology_t raw = nullptr;
+    if (hwloc_topology_init(&raw) != 0) {
+      error = std::string("hwloc_topology_init failed: ") + std::strerror(errno);
+      return errno != 0 ? errno : EINVAL;
+    }
+    topology_ptr topo(raw);
+    if (xml_path != nullptr) {
+      // set_xml validates the file; on failure hwloc would silently load the live machine.
+      if (hwloc_topology_set_xml(raw, xml_path) != 0) {
+        const int code = errno != 0 ? errno : EINVAL;
+        error = std::string("hwloc rejected the XML (") + std::strerror(code) + ")";
+        return code;
+      }
+      hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    }
+    if (hwloc_topology_load(raw) != 0) {
+      const int code = errno != 0 ? errno : EINVAL;
+      error = std::string("hwloc_topology_load failed: ") + std::strerror(code);
+      return code;
+    }
+    out = {};
+    std::vector<hwloc_obj_t> objects;
+    for (hwloc_obj_t node = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_NUMANODE, nullptr);
+         node != nullptr; node = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_NUMANODE, node)) {
+      hwloc_node_facts facts;
+      facts.os_index = static_cast<int>(node->os_index);
+      facts.local_memory = node->attr != nullptr ? node->attr->numanode.local_memory : 0;
+      facts.subtype = node->subtype != nullptr ? node->subtype : "";
+      out.nodes.push_back(std::move(facts));
+      objects.push_back(node);
+    }
+    infer_cpu_ownership(out.nodes, objects);
+
+    for (std::size_t t = 0; t < objects.size(); ++t) {
+      for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (!out.nodes[i].has_cpu) {
+          continue;
+        }
+        hwloc_cpuset_t initiator = locality_parent(objects[i])->cpuset;
+        hwloc_access_facts access;
+        access.initiator = out.nodes[i].os_index;
+        access.target = out.nodes[t].os_index;
+        access.read_bandwidth = memattr(raw, HWLOC_MEMATTR_ID_READ_BANDWIDTH, objects[t], initiator);
+        access.write_bandwidth =
+            memattr(raw, HWLOC_MEMATTR_ID_WRITE_BANDWIDTH, objects[t], initiator);
+        access.bandwidth = memattr(raw, HWLOC_MEMATTR_ID_BANDWIDTH, objects[t], initiator);
+        access.read_latency = memattr(raw, HWLOC_MEMATTR_ID_READ_LATENCY, objects[t], initiator);
+        access.write_latency = memattr(raw, HWLOC_MEMATTR_ID_WRITE_LATENCY, objects[t], initiator);
+        access.latency = memattr(raw, HWLOC_MEMATTR_ID_LATENCY, objects[t], initiator);
+        if (access.read_bandwidth || access.write_bandwidth || access.bandwidth ||
+            access.read_latency || access.write_latency || access.latency) {
+          out.access.push_back(access);
+        }
+      }
+    }
+    collect_distances(raw, out.distances);
+    collect_gpus(raw, out.gpus);
+    std::sort(out.nodes.begin(), out.nodes.end(),
+              [](const auto& a, const auto& b) { return a.os_index < b.os_index; });
+    return 0;
+  } catch (const std::bad_alloc&) {
+    error = "out of memory while reading the hwloc topology";
+    return ENOMEM;
+  } catch (...) {
+    error = "unexpected failure while reading the hwloc topology";
+    return EINVAL;
+  }
+}
+
+}  // namespace tierflow::detail::platform
