@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string first_line(const std::string& text) {
-  const auto line = trim(text.substr(0, text.find('\n')));
-  return std::string(line);
+  const std::string line = text.substr(0, text.find('\n'));
+  return std::string(trim(line));
 }
 
 // hwloc reports no more than "invalid argument" for a bad XML file; check what we can first so

@@ -142,12 +142,15 @@ void read_distances(const fs::path& root, const std::vector<int>& online, machin
 
 void read_memory_tiers(const fs::path& root, machine_facts& facts) {
   const auto base = platform::under_root(root, "/sys/devices/virtual/memory_tiering");
-  std::map<int, std::string> tier_of_node;  // node -> name of the memory tier that lists it
+  // In tier order (memory_tier4 before memory_tier22), skipping power/, uevent and the like.
+  std::map<int, std::string> tiers;
   for (const auto& name : platform::list_directory(base)) {
-    const auto tier_number = numbered_name(name, "memory_tier");
-    if (!tier_number) {
-      continue;  // power/, uevent and the like
+    if (const auto number = numbered_name(name, "memory_tier")) {
+      tiers.emplace(*number, name);
     }
+  }
+  std::map<int, std::string> tier_of_node;  // node -> name of the memory tier that lists it
+  for (const auto& [tier_number, name] : tiers) {
     const auto path = base / name / "nodelist";
     const auto text = read_required(path);
     const auto ids = parse_list_or_throw(path, text);
@@ -160,7 +163,7 @@ void read_memory_tiers(const fs::path& root, machine_facts& facts) {
                           "node " + std::to_string(id) + " is also in " + it->second, text);
       }
       if (auto* node = facts.find(id)) {
-        node->memory_tier = *tier_number;
+        node->memory_tier = tier_number;
       }
     }
   }

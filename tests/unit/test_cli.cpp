@@ -1,0 +1,189 @@
+// The tierflow CLI as a user runs it: exit codes, one-line errors, JSON keys.
+
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_support.hpp"
+
+using nlohmann::json;
+
+namespace {
+
+struct run_result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string quote(const std::string& arg) {
+  std::string q = "'";
+  for (char c : arg) {
+    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  }
+  return q + "'";
+}
+
+run_result run_cli(const std::vector<std::string>& args, const std::string& env = "") {
+  tierflow::test::scratch_dir dir;
+  const auto err_path = dir.path() / "stderr";
+  std::string command = "env -u TIERFLOW_TIERS -u TIERFLOW_CONFIG " + env + " " +
+                        quote(TIERFLOW_CLI_PATH);
+  for (const auto& a : args) {
+    command += " " + quote(a);
+  }
+  command += " 2>" + quote(err_path.string());
+  run_result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) {
+    result.out.append(buffer, n);
+  }
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = tierflow::test::read_file(err_path);
+  return result;
+}
+
+std::uint64_t node0_mem_total() {
+  std::istringstream in(tierflow::test::read_file("/sys/devices/system/node/node0/meminfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("MemTotal:") != std::string::npos) {
+      std::istringstream fields(line);
+      std::string a, b, c;
+      std::uint64_t kib = 0;
+      fields >> a >> b >> c >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+void check_one_line_error(const run_result& r, const std::string& expected) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.empty());  // never a partial table
+  CHECK_THAT(r.err, Catch::StartsWith("tierflow: error: "));
+  CHECK_THAT(r.err, Catch::Contains(expected));
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
+}  // namespace
+
+TEST_CASE("topo --json on this machine: the DRAM tier holds node 0's MemTotal",
+          "[cli][live]") {
+  const auto r = run_cli({"topo", "--json"});
+  const auto after = static_cast<double>(node0_mem_total());
+  REQUIRE(r.exit_code == 0);
+  const auto doc = json::parse(r.out);
+  CHECK(doc.at("schema_version") == 1);
+  int dram_tiers = 0;
+  for (const auto& t : doc.at("tiers")) {
+    if (t.at("kind") == "dram") {
+      ++dram_tiers;
+      if (t.at("nodes") == json::array({0})) {
+        const auto capacity = t.at("capacity_bytes").get<double>();
+        INFO("capacity " << capacity << " MemTotal " << after);
+        CHECK(std::abs(capacity - after) <= 0.01 * after);
+      }
+    }
+  }
+  CHECK(dram_tiers == 1);
+  CHECK_THAT(doc.at("gpu_status").get<std::string>(),
+             Catch::Matches("(no GPU visible \\(.+\\).*)|([0-9]+ GPU\\(s\\) visible.*)"));
+}
+
+TEST_CASE("topo --json has the documented keys", "[cli]") {
+  const auto r = run_cli(
+      {"topo", "--json", "--sysfs-root", tierflow::test::sysfs_fixture("two_socket_cxl")});
+  REQUIRE(r.exit_code == 0);
+  const auto doc = json::parse(r.out);
+  for (const char* key : {"schema_version", "sources", "initiator", "tiers_override",
+                          "gpu_status", "tiers", "nodes", "access", "gpus"}) {
+    CHECK(doc.contains(key));
+  }
+  const auto& cxl = doc.at("tiers").at(2);
+  CHECK(cxl.at("name") == "cxl0");
+  CHECK(cxl.at("kind") == "cxl");
+  CHECK(cxl.at("nodes") == json::array({2}));
+  CHECK(cxl.at("capacity_bytes") == 134217728ULL * 1024);
+  CHECK(cxl.at("perf").at("read_bandwidth_mbps").at("value") == 32768.0);
+  CHECK(cxl.at("perf").at("read_bandwidth_mbps").at("source") == "hmat");
+  CHECK(cxl.at("perf").at("write_latency_ns").at("value") == 270.0);
+  const auto& node2 = doc.at("nodes").at(2);
+  CHECK(node2.at("has_cpu") == false);
+  CHECK(node2.at("memory_tier") == 22);
+  CHECK(node2.at("dax_device") == "dax0.0");
+  CHECK(node2.at("distances").at("0") == 14);
+}
+
+TEST_CASE("topo prints a table", "[cli]") {
+  const auto r =
+      run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("gpu_server")});
+  REQUIRE(r.exit_code == 0);
+  for (const char* text : {"tier", "kind", "capacity", "read GB/s", "latency ns", "nearest GPU",
+                           "dram0", "remote_dram0", "512.0 GiB", "gpu0,gpu1", "gpu2,gpu3",
+                           "0000:bd:00.0"}) {
+    CHECK_THAT(r.out, Catch::Contains(text));
+  }
+}
+
+TEST_CASE("topo takes overrides from --tiers, TIERFLOW_TIERS and --config", "[cli]") {
+  const auto root = tierflow::test::sysfs_fixture("two_socket_cxl").string();
+  auto kind_of_node3 = [](const run_result& r) {
+    REQUIRE(r.exit_code == 0);
+    return json::parse(r.out).at("nodes").at(3).at("kind").get<std::string>();
+  };
+  CHECK(kind_of_node3(run_cli({"topo", "--json", "--sysfs-root", root, "--tiers",
+                               "remote_dram=3"})) == "remote_dram");
+  CHECK(kind_of_node3(run_cli({"topo", "--json", "--sysfs-root", root},
+                              "TIERFLOW_TIERS=host_hbm=3")) == "host_hbm");
+  tierflow::test::scratch_dir dir;
+  const auto conf = dir.path() / "t.conf";
+  tierflow::test::write_file(conf, "tiers = dram=3\n");
+  CHECK(kind_of_node3(run_cli({"topo", "--json", "--sysfs-root", root, "--config",
+                               conf.string()})) == "dram");
+}
+
+TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
+  tierflow::test::scratch_dir dir;
+  const auto missing = (dir.path() / "nope.xml").string();
+  check_one_line_error(run_cli({"topo", "--hwloc-xml", missing}), missing + ": cannot read");
+
+  const auto garbage = dir.path() / "garbage.xml";
+  tierflow::test::write_file(garbage, "{\"not\": \"xml\"}\n");
+  check_one_line_error(run_cli({"topo", "--hwloc-xml", garbage.string()}),
+                       "not XML, expected hwloc topology XML: '{\"not\": \"xml\"}'");
+
+  check_one_line_error(run_cli({"topo", "--sysfs-root", dir.path().string()}),
+                       "sys/devices/system/node/online: cannot read");
+
+  check_one_line_error(run_cli({"topo", "--sysfs-root",
+                                tierflow::test::sysfs_fixture("laptop").string(), "--tiers",
+                                "dram=0;cxl=0"}),
+                       "node 0 is in two tiers");
+  check_one_line_error(run_cli({"topo", "--no-such-flag"}), "no-such-flag");
+  check_one_line_error(run_cli({"topo", "--initiator", "many"}), "many");
+  check_one_line_error(run_cli({"topo", "--config", missing}), "cannot read configuration file");
+  check_one_line_error(
+      run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("laptop").string()},
+              "TIERFLOW_TIERS=ssd=0"),
+      "env TIERFLOW_TIERS: unknown tier kind 'ssd'");
+}
+
+TEST_CASE("tierflow --version and --help", "[cli]") {
+  const auto version = run_cli({"--version"});
+  CHECK(version.exit_code == 0);
+  CHECK_THAT(version.out, Catch::StartsWith("tierflow 0."));
+  const auto help = run_cli({"topo", "--help"});
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.out, Catch::Contains("--hwloc-xml"));
+  CHECK_THAT(help.out, Catch::Contains("--sysfs-root"));
+}

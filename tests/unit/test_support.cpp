@@ -1,0 +1,49 @@
+#include "test_support.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tierflow::test {
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::filesystem::remove(path);  // fixtures are read-only; replace rather than overwrite
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) {
+    throw std::runtime_error("cannot write " + path.string());
+  }
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("cannot read " + path.string());
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+scoped_env::scoped_env(const char* name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name)) {
+    had_value_ = true;
+    old_value_ = old;
+  }
+  if (value != nullptr) {
+    ::setenv(name, value, 1);
+  } else {
+    ::unsetenv(name);
+  }
+}
+
+scoped_env::~scoped_env() {
+  if (had_value_) {
+    ::setenv(name_.c_str(), old_value_.c_str(), 1);
+  } else {
+    ::unsetenv(name_.c_str());
+  }
+}
+
+}  // namespace tierflow::test

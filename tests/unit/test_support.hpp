@@ -1,0 +1,105 @@
+#pragma once
+// Shared helpers for the unit tests: a seeded random generator (the seed is printed, and can
+// be replayed with TIERFLOW_TEST_SEED), fixture paths and scratch copies of fixture trees.
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+
+namespace tierflow::test {
+
+/** The run's random seed: TIERFLOW_TEST_SEED when set, else fresh; printed once. */
+inline std::uint64_t seed() {
+  static const std::uint64_t value = [] {
+    std::uint64_t s = 0;
+    if (const char* text = std::getenv("TIERFLOW_TEST_SEED"); text != nullptr && *text) {
+      s = std::strtoull(text, nullptr, 10);
+    } else {
+      s = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    }
+    std::cout << "tierflow tests: random seed " << s << " (replay with TIERFLOW_TEST_SEED=" << s
+              << ")\n";
+    return s;
+  }();
+  return value;
+}
+
+/** A generator seeded from seed() and @p stream, so each test draws its own sequence. */
+inline std::mt19937_64 rng(std::uint64_t stream) { return std::mt19937_64(seed() ^ (stream * 0x9e3779b97f4a7c15ULL)); }
+
+/** tests/data, as configured by CMake. */
+inline std::filesystem::path data_dir() { return TIERFLOW_TEST_DATA_DIR; }
+
+/** A fake sysfs tree under tests/data/sysfs. */
+inline std::filesystem::path sysfs_fixture(const std::string& name) {
+  return data_dir() / "sysfs" / name;
+}
+
+/** An hwloc XML fixture under tests/data/hwloc. */
+inline std::filesystem::path hwloc_fixture(const std::string& name) {
+  return data_dir() / "hwloc" / name;
+}
+
+/** A fresh scratch directory, removed when the object goes. */
+class scratch_dir {
+ public:
+  scratch_dir() {
+    auto gen = rng(reinterpret_cast<std::uintptr_t>(this));
+    path_ = std::filesystem::temp_directory_path() /
+            ("tierflow-test-" + std::to_string(gen()));
+    std::filesystem::create_directories(path_);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/** A writable copy of a fixture tree (symbolic links kept as links). */
+class fixture_copy {
+ public:
+  explicit fixture_copy(const std::string& name) {
+    std::filesystem::copy(sysfs_fixture(name), dir_.path(),
+                          std::filesystem::copy_options::recursive |
+                              std::filesystem::copy_options::copy_symlinks);
+  }
+  [[nodiscard]] const std::filesystem::path& root() const { return dir_.path(); }
+  /** Path of @p relative (e.g. "sys/devices/system/node/online") inside the copy. */
+  [[nodiscard]] std::filesystem::path at(const std::string& relative) const {
+    return dir_.path() / relative;
+  }
+
+ private:
+  scratch_dir dir_;
+};
+
+/** Writes @p text to @p path, replacing it. */
+void write_file(const std::filesystem::path& path, const std::string& text);
+
+/** Reads a whole file. */
+std::string read_file(const std::filesystem::path& path);
+
+/** Sets an environment variable for the lifetime of the object, then restores it. */
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value);
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+  ~scoped_env();
+
+ private:
+  std::string name_;
+  bool had_value_ = false;
+  std::string old_value_;
+};
+
+}  // namespace tierflow::test
