@@ -2,8 +2,9 @@
 // The tierflow CLI's subcommands. Each registers its options on the app and returns the action
 // to run when it was chosen; actions return the process exit code.
 
-#include <CLI/CLI.hpp>
 #include <functional>
+
+#include <CLI/CLI.hpp>
 
 namespace tierflow::cli {
 

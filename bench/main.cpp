@@ -1,9 +1,10 @@
 // tierflow: the command-line tool. Subcommands live in *_command.cpp.
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "commands.hpp"
 #include "tierflow/build_config.hpp"
@@ -11,8 +12,9 @@
 
 int main(int argc, char** argv) {
   using namespace tierflow::cli;
-  CLI::App app{"tierflow: tiered-memory offload for ML training (memory tiers, bandwidth, "
-               "prefetch)"};
+  CLI::App app{
+      "tierflow: tiered-memory offload for ML training (memory tiers, bandwidth, "
+      "prefetch)"};
   app.set_version_flag("--version", std::string("tierflow ") + TIERFLOW_VERSION_STRING);
   app.require_subcommand(1);
   const auto topo = add_topo_command(app);

@@ -3,13 +3,15 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "format.hpp"
 #include "tierflow/detail/parse.hpp"
+#include "tierflow/error.hpp"
 #include "tierflow/settings.hpp"
 #include "tierflow/topology.hpp"
 
@@ -114,16 +116,15 @@ json to_json(const topology& topo) {
   out["gpus"] = json::array();
   for (std::size_t i = 0; i < topo.gpus().size(); ++i) {
     const auto& g = topo.gpus()[i];
-    out["gpus"].push_back(
-        json{{"index", i},
-             {"cuda_index", g.cuda_index >= 0 ? json(g.cuda_index) : json(nullptr)},
-             {"name", g.name.empty() ? json(nullptr) : json(g.name)},
-             {"pci_bus_id", g.pci_bus_id},
-             {"memory_total_bytes", g.memory_total_bytes > 0 ? json(g.memory_total_bytes)
-                                                              : json(nullptr)},
-             {"memory_free_bytes", g.memory_free_bytes > 0 ? json(g.memory_free_bytes)
-                                                            : json(nullptr)},
-             {"nearest_nodes", ids_of(g.nearest_nodes)}});
+    out["gpus"].push_back(json{
+        {"index", i},
+        {"cuda_index", g.cuda_index >= 0 ? json(g.cuda_index) : json(nullptr)},
+        {"name", g.name.empty() ? json(nullptr) : json(g.name)},
+        {"pci_bus_id", g.pci_bus_id},
+        {"memory_total_bytes",
+         g.memory_total_bytes > 0 ? json(g.memory_total_bytes) : json(nullptr)},
+        {"memory_free_bytes", g.memory_free_bytes > 0 ? json(g.memory_free_bytes) : json(nullptr)},
+        {"nearest_nodes", ids_of(g.nearest_nodes)}});
   }
   return out;
 }
@@ -137,8 +138,7 @@ std::optional<double> plain(const perf_value& v) {
 }
 
 std::string perf_source(const access_perf& p) {
-  for (const auto* v : {&p.read_bandwidth, &p.write_bandwidth, &p.read_latency,
-                        &p.write_latency}) {
+  for (const auto* v : {&p.read_bandwidth, &p.write_bandwidth, &p.read_latency, &p.write_latency}) {
     if (v->known()) {
       return std::string(to_string(v->source));
     }
@@ -164,8 +164,8 @@ void print_table(const topology& topo) {
                     format_number(plain(t.perf.read_latency), 0), perf_source(t.perf),
                     nearest.empty() ? "-" : nearest});
   }
-  std::fputs(render_table({"tier", "kind", "nodes", "capacity", "free", "read GB/s",
-                           "write GB/s", "latency ns", "source", "nearest GPU"},
+  std::fputs(render_table({"tier", "kind", "nodes", "capacity", "free", "read GB/s", "write GB/s",
+                           "latency ns", "source", "nearest GPU"},
                           rows)
                  .c_str(),
              stdout);
@@ -182,13 +182,13 @@ void print_table(const topology& topo) {
   std::printf("\nGPUs: %s\n", topo.gpu_status().c_str());
   for (std::size_t i = 0; i < topo.gpus().size(); ++i) {
     const auto& g = topo.gpus()[i];
-    std::printf("  gpu%zu  %s  %s  %s  nearest nodes %s\n", i,
-                g.name.empty() ? "(not visible to CUDA)" : g.name.c_str(), g.pci_bus_id.c_str(),
-                format_bytes(g.memory_total_bytes > 0 ? std::optional(g.memory_total_bytes)
-                                                      : std::nullopt)
-                    .c_str(),
-                g.nearest_nodes.empty() ? "unknown"
-                                        : detail::format_id_list(ids_of(g.nearest_nodes)).c_str());
+    std::printf(
+        "  gpu%zu  %s  %s  %s  nearest nodes %s\n", i,
+        g.name.empty() ? "(not visible to CUDA)" : g.name.c_str(), g.pci_bus_id.c_str(),
+        format_bytes(g.memory_total_bytes > 0 ? std::optional(g.memory_total_bytes) : std::nullopt)
+            .c_str(),
+        g.nearest_nodes.empty() ? "unknown"
+                                : detail::format_id_list(ids_of(g.nearest_nodes)).c_str());
   }
   std::printf("\nSources: ");
   for (std::size_t i = 0; i < topo.sources().size(); ++i) {
@@ -215,12 +215,12 @@ action add_topo_command(CLI::App& app) {
                   "TIERFLOW_TIERS and the config file)");
   cmd->add_option("--config", options->config,
                   "Configuration file (key = value lines; default: env TIERFLOW_CONFIG)");
-  cmd->add_option("--initiator", options->initiator,
+  auto* initiator = cmd->add_option("--initiator", options->initiator,
                   "Node that tier kinds are relative to (default: GPU 0's nearest node, else "
                   "the first node with CPUs)");
   cmd->add_flag("--no-hwloc", options->no_hwloc, "Do not consult hwloc");
 
-  return [options]() {
+  return [options, initiator]() {
     discovery_options discover;
     if (!options->sysfs_root.empty()) {
       discover.sysfs_root = options->sysfs_root;
@@ -230,7 +230,11 @@ action add_topo_command(CLI::App& app) {
     }
     discover.use_hwloc = !options->no_hwloc;
     discover.query_gpu_free_memory = true;
-    if (options->initiator >= 0) {
+    if (initiator->count() > 0) {
+      if (options->initiator < 0) {
+        throw input_error("--initiator", "expected a node number, 0 or more",
+                          std::to_string(options->initiator));
+      }
       discover.initiator = numa_node_id{options->initiator};
     }
     if (!options->tiers.empty()) {

@@ -58,9 +58,9 @@ namespace detail {
  * @brief Checks a precondition of a public call; throws tierflow::error naming the condition,
  * the message and file:line when it does not hold.
  */
-#define TIERFLOW_EXPECTS(condition, message)                                               \
-  do {                                                                                     \
-    if (!(condition)) {                                                                    \
+#define TIERFLOW_EXPECTS(condition, message)                                                \
+  do {                                                                                      \
+    if (!(condition)) {                                                                     \
       ::tierflow::detail::throw_expects_failure(#condition, (message), __FILE__, __LINE__); \
-    }                                                                                      \
+    }                                                                                       \
   } while (false)

@@ -80,36 +80,36 @@ struct access_perf {
 struct numa_node {
   numa_node_id id;
   bool has_cpu = false;
-  std::vector<int> cpus;              ///< OS CPU ids; empty for CPU-less nodes
-  std::uint64_t capacity_bytes = 0;   ///< MemTotal at the last read
+  std::vector<int> cpus;                    ///< OS CPU ids; empty for CPU-less nodes
+  std::uint64_t capacity_bytes = 0;         ///< MemTotal at the last read
   std::optional<std::uint64_t> free_bytes;  ///< MemFree at the last read; unknown from XML
-  std::optional<int> memory_tier;     ///< /sys/devices/virtual/memory_tiering/memory_tierN
-  std::string hwloc_subtype;          ///< e.g. DRAM, MCDRAM, HBM, SPM, CXL-DRAM; may be empty
-  std::string dax_device;             ///< the DAX device under a CXL region that targets it
-  tier_kind kind = tier_kind::dram;   ///< relative to topology::initiator()
-  std::string kind_reason;            ///< why it got that kind, for humans
+  std::optional<int> memory_tier;           ///< /sys/devices/virtual/memory_tiering/memory_tierN
+  std::string hwloc_subtype;                ///< e.g. DRAM, MCDRAM, HBM, SPM, CXL-DRAM; may be empty
+  std::string dax_device;                   ///< the DAX device under a CXL region that targets it
+  tier_kind kind = tier_kind::dram;         ///< relative to topology::initiator()
+  std::string kind_reason;                  ///< why it got that kind, for humans
 };
 
 /** @brief One GPU: seen by the CUDA runtime, on the PCI bus, or both. */
 struct gpu_device {
-  int cuda_index = -1;                     ///< CUDA device ordinal; -1 when not visible to CUDA
-  std::string name;                        ///< from CUDA; empty when only seen on PCI
-  std::string pci_bus_id;                  ///< `0000:17:00.0`, lower case
-  std::uint64_t memory_total_bytes = 0;    ///< from CUDA; 0 when unknown
-  std::uint64_t memory_free_bytes = 0;     ///< from CUDA; 0 when unknown
-  std::vector<numa_node_id> nearest_nodes; ///< host nodes nearest to it; empty when unknown
+  int cuda_index = -1;                      ///< CUDA device ordinal; -1 when not visible to CUDA
+  std::string name;                         ///< from CUDA; empty when only seen on PCI
+  std::string pci_bus_id;                   ///< `0000:17:00.0`, lower case
+  std::uint64_t memory_total_bytes = 0;     ///< from CUDA; 0 when unknown
+  std::uint64_t memory_free_bytes = 0;      ///< from CUDA; 0 when unknown
+  std::vector<numa_node_id> nearest_nodes;  ///< host nodes nearest to it; empty when unknown
 };
 
 /** @brief A group of nodes (or one GPU's memory) that tierflow treats as one tier. */
 struct tier {
-  std::string name;                  ///< stable, e.g. `dram0`, `cxl0`, `hbm1`
+  std::string name;  ///< stable, e.g. `dram0`, `cxl0`, `hbm1`
   tier_kind kind = tier_kind::dram;
-  std::vector<numa_node_id> nodes;   ///< empty for hbm tiers
-  int gpu = -1;                      ///< index into topology::gpus() for hbm tiers, else -1
+  std::vector<numa_node_id> nodes;  ///< empty for hbm tiers
+  int gpu = -1;                     ///< index into topology::gpus() for hbm tiers, else -1
   std::uint64_t capacity_bytes = 0;
   std::optional<std::uint64_t> free_bytes;  ///< unknown when any member's free is unknown
-  access_perf perf;                  ///< from the initiator: lowest bandwidth, highest latency
-  std::vector<int> nearest_gpus;     ///< indices into topology::gpus() nearest to these nodes
+  access_perf perf;               ///< from the initiator: lowest bandwidth, highest latency
+  std::vector<int> nearest_gpus;  ///< indices into topology::gpus() nearest to these nodes
 };
 
 /** @brief What topology::discover() reads. */

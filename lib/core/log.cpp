@@ -35,8 +35,8 @@ log_level initial_level(bool& bad_value, std::string& bad_text) {
     return log_level::warning;
   }
   const std::string_view value(text);
-  for (auto level : {log_level::debug, log_level::info, log_level::warning, log_level::error,
-                     log_level::off}) {
+  for (auto level :
+       {log_level::debug, log_level::info, log_level::warning, log_level::error, log_level::off}) {
     if (value == level_name(level)) {
       return level;
     }
@@ -71,9 +71,13 @@ log_state& state() {
 
 }  // namespace
 
-void set_log_level(log_level level) noexcept { state().level.store(level); }
+void set_log_level(log_level level) noexcept {
+  state().level.store(level);
+}
 
-log_level get_log_level() noexcept { return state().level.load(); }
+log_level get_log_level() noexcept {
+  return state().level.load();
+}
 
 void set_log_sink(log_sink sink) {
   auto& s = state();

@@ -47,9 +47,9 @@ settings settings::from_text(std::string_view text, std::string_view source_name
                         std::string(line));
     }
     if (auto it = result.file_values_.find(key); it != result.file_values_.end()) {
-      throw input_error(origin, "key '" + std::string(key) + "' given twice (first at " +
-                                    it->second.origin + ")",
-                        std::string(line));
+      throw input_error(
+          origin, "key '" + std::string(key) + "' given twice (first at " + it->second.origin + ")",
+          std::string(line));
     }
     result.file_values_.emplace(std::string(key), setting_value{std::string(value), origin});
   }

@@ -3,10 +3,10 @@
 #include "tierflow/build_config.hpp"
 
 #ifdef TIERFLOW_WITH_CUDA
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cctype>
+
+#include <cuda_runtime_api.h>
 #endif
 
 namespace tierflow::detail::platform {

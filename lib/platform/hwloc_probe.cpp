@@ -1,12 +1,12 @@
 #include "platform/hwloc_probe.hpp"
 
-#include <hwloc.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <memory>
+
+#include <hwloc.h>
 
 namespace tierflow::detail::platform {
 namespace {
@@ -55,8 +55,8 @@ void infer_cpu_ownership(std::vector<hwloc_node_facts>& nodes,
   std::map<hwloc_obj_t, std::size_t> owner;
   for (std::size_t i = 0; i < objects.size(); ++i) {
     const auto parent = locality_parent(objects[i]);
-    const bool has_pus = parent != nullptr && parent->cpuset != nullptr &&
-                         !hwloc_bitmap_iszero(parent->cpuset);
+    const bool has_pus =
+        parent != nullptr && parent->cpuset != nullptr && !hwloc_bitmap_iszero(parent->cpuset);
     if (!has_pus || is_memory_only_subtype(nodes[i].subtype)) {
       continue;
     }
@@ -171,7 +171,8 @@ int hwloc_probe(const char* xml_path, hwloc_facts& out, std::string& error) noex
         hwloc_access_facts access;
         access.initiator = out.nodes[i].os_index;
         access.target = out.nodes[t].os_index;
-        access.read_bandwidth = memattr(raw, HWLOC_MEMATTR_ID_READ_BANDWIDTH, objects[t], initiator);
+        access.read_bandwidth =
+            memattr(raw, HWLOC_MEMATTR_ID_READ_BANDWIDTH, objects[t], initiator);
         access.write_bandwidth =
             memattr(raw, HWLOC_MEMATTR_ID_WRITE_BANDWIDTH, objects[t], initiator);
         access.bandwidth = memattr(raw, HWLOC_MEMATTR_ID_BANDWIDTH, objects[t], initiator);

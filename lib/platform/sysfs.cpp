@@ -1,11 +1,11 @@
 #include "platform/sysfs.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <system_error>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace tierflow::detail::platform {
 
@@ -50,8 +50,7 @@ std::vector<std::string> list_directory(const std::filesystem::path& dir) noexce
   std::vector<std::string> names;
   try {
     std::error_code ec;
-    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
-         it.increment(ec)) {
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       names.push_back(it->path().filename().string());
     }
     std::sort(names.begin(), names.end());

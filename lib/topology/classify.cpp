@@ -85,8 +85,8 @@ void take_worse(perf_value& current, const perf_value& candidate, bool higher_is
   if (!candidate.known()) {
     return;
   }
-  if (!current.known() || (higher_is_better ? candidate.value < current.value
-                                            : candidate.value > current.value)) {
+  if (!current.known() ||
+      (higher_is_better ? candidate.value < current.value : candidate.value > current.value)) {
     current = candidate;
   }
 }
@@ -154,8 +154,7 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
   for (auto& node : topo.nodes_) {
     int entry = -1;
     for (std::size_t i = 0; i < overrides.size(); ++i) {
-      if (std::binary_search(overrides[i].nodes.begin(), overrides[i].nodes.end(),
-                             node.id.value)) {
+      if (std::binary_search(overrides[i].nodes.begin(), overrides[i].nodes.end(), node.id.value)) {
         entry = static_cast<int>(i);
       }
     }
@@ -185,8 +184,7 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     const auto perf = topo.access(topo.initiator_, node.id);
     const double bandwidth_key = entry >= 0 ? 0.0 : -perf.read_bandwidth.value;
     const double latency_key = entry >= 0 ? 0.0 : perf.read_latency.value;
-    groups[{kind_rank(node.kind), distance_key, entry, memory_tier_key, bandwidth_key,
-            latency_key}]
+    groups[{kind_rank(node.kind), distance_key, entry, memory_tier_key, bandwidth_key, latency_key}]
         .push_back(node.id);
   }
 

@@ -113,7 +113,8 @@ machine_facts read_hwloc(const fs::path* xml) {
 void merge_facts(machine_facts& primary, const machine_facts& secondary) {
   auto known = [&](int id) { return primary.find(id) != nullptr; };
   for (const auto& theirs : secondary.nodes) {
-    if (auto* mine = primary.find(theirs.id.value); mine != nullptr && mine->hwloc_subtype.empty()) {
+    if (auto* mine = primary.find(theirs.id.value);
+        mine != nullptr && mine->hwloc_subtype.empty()) {
       mine->hwloc_subtype = theirs.hwloc_subtype;
     }
   }
@@ -143,8 +144,7 @@ void merge_facts(machine_facts& primary, const machine_facts& secondary) {
       it->nearest_nodes = theirs.nearest_nodes;
     }
   }
-  primary.sources.insert(primary.sources.end(), secondary.sources.begin(),
-                         secondary.sources.end());
+  primary.sources.insert(primary.sources.end(), secondary.sources.begin(), secondary.sources.end());
 }
 
 void add_cuda_gpus(machine_facts& facts, bool query_free_memory) {
@@ -174,7 +174,8 @@ void add_cuda_gpus(machine_facts& facts, bool query_free_memory) {
   if (!devices.empty()) {
     facts.gpu_status = std::to_string(devices.size()) + " GPU(s) visible to CUDA";
   } else {
-    facts.gpu_status = "no GPU visible (" + (answered ? "the CUDA runtime reports 0 devices" : why) + ")";
+    facts.gpu_status =
+        "no GPU visible (" + (answered ? "the CUDA runtime reports 0 devices" : why) + ")";
   }
   if (pci_only > 0) {
     facts.gpu_status +=

@@ -125,10 +125,9 @@ void read_distances(const fs::path& root, const std::vector<int>& online, machin
     }
     const auto fields = words(trim(*text));
     if (fields.size() != online.size()) {
-      throw input_error(path.string(),
-                        "expected " + std::to_string(online.size()) +
-                            " distances (one per online node)",
-                        *text);
+      throw input_error(
+          path.string(),
+          "expected " + std::to_string(online.size()) + " distances (one per online node)", *text);
     }
     for (std::size_t i = 0; i < fields.size(); ++i) {
       const auto value = parse_u64(fields[i]);
@@ -159,8 +158,8 @@ void read_memory_tiers(const fs::path& root, machine_facts& facts) {
     }
     for (int id : ids) {
       if (auto [it, inserted] = tier_of_node.emplace(id, name); !inserted) {
-        throw input_error(path.string(),
-                          "node " + std::to_string(id) + " is also in " + it->second, text);
+        throw input_error(path.string(), "node " + std::to_string(id) + " is also in " + it->second,
+                          text);
       }
       if (auto* node = facts.find(id)) {
         node->memory_tier = tier_number;
@@ -207,11 +206,10 @@ void read_hmat(const fs::path& root, machine_facts& facts) {
       }
       for (int initiator : initiators) {
         auto& entry = facts.access[{initiator, node.id.value}];
-        for (auto [mine, theirs] :
-             {std::pair{&entry.read_bandwidth, &perf.read_bandwidth},
-              std::pair{&entry.write_bandwidth, &perf.write_bandwidth},
-              std::pair{&entry.read_latency, &perf.read_latency},
-              std::pair{&entry.write_latency, &perf.write_latency}}) {
+        for (auto [mine, theirs] : {std::pair{&entry.read_bandwidth, &perf.read_bandwidth},
+                                    std::pair{&entry.write_bandwidth, &perf.write_bandwidth},
+                                    std::pair{&entry.read_latency, &perf.read_latency},
+                                    std::pair{&entry.write_latency, &perf.write_latency}}) {
           if (theirs->known()) {
             *mine = *theirs;
           }
@@ -323,10 +321,10 @@ std::pair<std::uint64_t, std::uint64_t> read_node_meminfo(const fs::path& root, 
     const auto kib = fields.size() == 5 ? parse_u64(fields[3]) : std::nullopt;
     if (fields[0] != "Node" || fields[1] != std::to_string(id) || !kib || fields[4] != "kB" ||
         *kib > (std::uint64_t{1} << 53)) {
-      throw input_error(path.string(),
-                        "expected 'Node " + std::to_string(id) + " " + std::string(fields[2]) +
-                            " <number> kB'",
-                        std::string(line));
+      throw input_error(
+          path.string(),
+          "expected 'Node " + std::to_string(id) + " " + std::string(fields[2]) + " <number> kB'",
+          std::string(line));
     }
     (is_total ? total : free) = *kib * 1024;
   }
@@ -375,8 +373,8 @@ machine_facts read_sysfs(const fs::path& root) {
     if (const auto text = read_optional(cpulist_path)) {
       node.cpus = parse_list_or_throw(cpulist_path, *text);
     }
-    node.has_cpu = with_cpu ? std::binary_search(with_cpu->begin(), with_cpu->end(), id)
-                            : !node.cpus.empty();
+    node.has_cpu =
+        with_cpu ? std::binary_search(with_cpu->begin(), with_cpu->end(), id) : !node.cpus.empty();
     const auto [total, free] = read_node_meminfo(root, id);
     node.capacity_bytes = total;
     node.free_bytes = free;

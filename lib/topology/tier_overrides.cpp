@@ -44,8 +44,8 @@ std::vector<tier_override> parse_tier_overrides(std::string_view spec, const std
     const auto list_text = trim(entry.substr(equals + 1));
     const auto nodes = parse_id_list(list_text);
     if (!nodes) {
-      throw input_error(origin,
-                        "expected node ids like 2,3 or 2-3 for " + std::string(kind_name), text);
+      throw input_error(origin, "expected node ids like 2,3 or 2-3 for " + std::string(kind_name),
+                        text);
     }
     if (nodes->empty()) {
       throw input_error(origin, "empty node list for " + std::string(kind_name), text);

@@ -38,15 +38,15 @@ topology topology::discover(const discovery_options& options) {
     }
   }
   auto topo = topology_builder::build(std::move(facts), options);
-  detail::log(log_level::debug, "topology: " + std::to_string(topo.nodes().size()) +
-                                    " node(s), " + std::to_string(topo.tiers().size()) +
-                                    " tier(s); " + topo.gpu_status());
+  detail::log(log_level::debug, "topology: " + std::to_string(topo.nodes().size()) + " node(s), " +
+                                    std::to_string(topo.tiers().size()) + " tier(s); " +
+                                    topo.gpu_status());
   return topo;
 }
 
 const numa_node* topology::find_node(numa_node_id id) const noexcept {
-  const auto it = std::find_if(nodes_.begin(), nodes_.end(),
-                               [&](const auto& node) { return node.id == id; });
+  const auto it =
+      std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& node) { return node.id == id; });
   return it == nodes_.end() ? nullptr : &*it;
 }
 
@@ -56,8 +56,7 @@ const tier* topology::find_tier(std::string_view name) const noexcept {
   return it == tiers_.end() ? nullptr : &*it;
 }
 
-std::optional<std::uint32_t> topology::distance(numa_node_id from,
-                                                numa_node_id to) const noexcept {
+std::optional<std::uint32_t> topology::distance(numa_node_id from, numa_node_id to) const noexcept {
   const auto it = distances_.find({from.value, to.value});
   if (it == distances_.end()) {
     return std::nullopt;

@@ -1,9 +1,9 @@
 // Links against an installed tierflow and classifies a fake sysfs tree given on the command
 // line; prints the tier names so the calling test can check them.
-#include <tierflow/tierflow.hpp>
-
 #include <cstdio>
 #include <exception>
+
+#include <tierflow/tierflow.hpp>
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -3,8 +3,9 @@
 // exits with the code CTest counts as skipped.
 
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
+
+#include <catch2/catch.hpp>
 
 #include "tierflow/topology.hpp"
 

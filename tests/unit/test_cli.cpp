@@ -1,12 +1,12 @@
 // The tierflow CLI as a user runs it: exit codes, one-line errors, JSON keys.
 
-#include <sys/wait.h>
-
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
 
 #include "test_support.hpp"
 
@@ -31,8 +31,8 @@ std::string quote(const std::string& arg) {
 run_result run_cli(const std::vector<std::string>& args, const std::string& env = "") {
   tierflow::test::scratch_dir dir;
   const auto err_path = dir.path() / "stderr";
-  std::string command = "env -u TIERFLOW_TIERS -u TIERFLOW_CONFIG " + env + " " +
-                        quote(TIERFLOW_CLI_PATH);
+  std::string command =
+      "env -u TIERFLOW_TIERS -u TIERFLOW_CONFIG " + env + " " + quote(TIERFLOW_CLI_PATH);
   for (const auto& a : args) {
     command += " " + quote(a);
   }
@@ -77,8 +77,7 @@ void check_one_line_error(const run_result& r, const std::string& expected) {
 
 }  // namespace
 
-TEST_CASE("topo --json on this machine: the DRAM tier holds node 0's MemTotal",
-          "[cli][live]") {
+TEST_CASE("topo --json on this machine: the DRAM tier holds node 0's MemTotal", "[cli][live]") {
   const auto r = run_cli({"topo", "--json"});
   const auto after = static_cast<double>(node0_mem_total());
   REQUIRE(r.exit_code == 0);
@@ -101,12 +100,12 @@ TEST_CASE("topo --json on this machine: the DRAM tier holds node 0's MemTotal",
 }
 
 TEST_CASE("topo --json has the documented keys", "[cli]") {
-  const auto r = run_cli(
-      {"topo", "--json", "--sysfs-root", tierflow::test::sysfs_fixture("two_socket_cxl")});
+  const auto r =
+      run_cli({"topo", "--json", "--sysfs-root", tierflow::test::sysfs_fixture("two_socket_cxl")});
   REQUIRE(r.exit_code == 0);
   const auto doc = json::parse(r.out);
-  for (const char* key : {"schema_version", "sources", "initiator", "tiers_override",
-                          "gpu_status", "tiers", "nodes", "access", "gpus"}) {
+  for (const char* key : {"schema_version", "sources", "initiator", "tiers_override", "gpu_status",
+                          "tiers", "nodes", "access", "gpus"}) {
     CHECK(doc.contains(key));
   }
   const auto& cxl = doc.at("tiers").at(2);
@@ -125,12 +124,11 @@ TEST_CASE("topo --json has the documented keys", "[cli]") {
 }
 
 TEST_CASE("topo prints a table", "[cli]") {
-  const auto r =
-      run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("gpu_server")});
+  const auto r = run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("gpu_server")});
   REQUIRE(r.exit_code == 0);
-  for (const char* text : {"tier", "kind", "capacity", "read GB/s", "latency ns", "nearest GPU",
-                           "dram0", "remote_dram0", "512.0 GiB", "gpu0,gpu1", "gpu2,gpu3",
-                           "0000:bd:00.0"}) {
+  for (const char* text :
+       {"tier", "kind", "capacity", "read GB/s", "latency ns", "nearest GPU", "dram0",
+        "remote_dram0", "512.0 GiB", "gpu0,gpu1", "gpu2,gpu3", "0000:bd:00.0"}) {
     CHECK_THAT(r.out, Catch::Contains(text));
   }
 }
@@ -148,8 +146,8 @@ TEST_CASE("topo takes overrides from --tiers, TIERFLOW_TIERS and --config", "[cl
   tierflow::test::scratch_dir dir;
   const auto conf = dir.path() / "t.conf";
   tierflow::test::write_file(conf, "tiers = dram=3\n");
-  CHECK(kind_of_node3(run_cli({"topo", "--json", "--sysfs-root", root, "--config",
-                               conf.string()})) == "dram");
+  CHECK(kind_of_node3(run_cli(
+            {"topo", "--json", "--sysfs-root", root, "--config", conf.string()})) == "dram");
 }
 
 TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
@@ -165,12 +163,17 @@ TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
   check_one_line_error(run_cli({"topo", "--sysfs-root", dir.path().string()}),
                        "sys/devices/system/node/online: cannot read");
 
-  check_one_line_error(run_cli({"topo", "--sysfs-root",
-                                tierflow::test::sysfs_fixture("laptop").string(), "--tiers",
-                                "dram=0;cxl=0"}),
-                       "node 0 is in two tiers");
+  check_one_line_error(
+      run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("laptop").string(), "--tiers",
+               "dram=0;cxl=0"}),
+      "node 0 is in two tiers");
   check_one_line_error(run_cli({"topo", "--no-such-flag"}), "no-such-flag");
   check_one_line_error(run_cli({"topo", "--initiator", "many"}), "many");
+  check_one_line_error(run_cli({"topo", "--initiator", "-3"}), "--initiator: expected a node");
+  check_one_line_error(run_cli({"topo", "--sysfs-root",
+                                tierflow::test::sysfs_fixture("two_socket_cxl").string(),
+                                "--initiator", "3"}),
+                       "node 3 is not a memory node with CPUs");
   check_one_line_error(run_cli({"topo", "--config", missing}), "cannot read configuration file");
   check_one_line_error(
       run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("laptop").string()},

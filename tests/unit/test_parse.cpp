@@ -1,6 +1,7 @@
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <set>
+
+#include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 #include "tierflow/detail/parse.hpp"

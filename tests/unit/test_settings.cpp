@@ -9,8 +9,8 @@ using tierflow::settings;
 
 TEST_CASE("config file lines and comments", "[settings]") {
   tierflow::test::scoped_env env("TIERFLOW_TIERS", nullptr);
-  const auto s = settings::from_text("# tiers of this box\n\n  tiers = cxl=2,3 ; dram=0  # x\n",
-                                     "box.conf");
+  const auto s =
+      settings::from_text("# tiers of this box\n\n  tiers = cxl=2,3 ; dram=0  # x\n", "box.conf");
   const auto v = s.get("tiers");
   REQUIRE(v.has_value());
   CHECK(v->value == "cxl=2,3 ; dram=0");

@@ -28,10 +28,14 @@ inline std::uint64_t seed() {
 }
 
 /** A generator seeded from seed() and @p stream, so each test draws its own sequence. */
-inline std::mt19937_64 rng(std::uint64_t stream) { return std::mt19937_64(seed() ^ (stream * 0x9e3779b97f4a7c15ULL)); }
+inline std::mt19937_64 rng(std::uint64_t stream) {
+  return std::mt19937_64(seed() ^ (stream * 0x9e3779b97f4a7c15ULL));
+}
 
 /** tests/data, as configured by CMake. */
-inline std::filesystem::path data_dir() { return TIERFLOW_TEST_DATA_DIR; }
+inline std::filesystem::path data_dir() {
+  return TIERFLOW_TEST_DATA_DIR;
+}
 
 /** A fake sysfs tree under tests/data/sysfs. */
 inline std::filesystem::path sysfs_fixture(const std::string& name) {
@@ -48,8 +52,7 @@ class scratch_dir {
  public:
   scratch_dir() {
     auto gen = rng(reinterpret_cast<std::uintptr_t>(this));
-    path_ = std::filesystem::temp_directory_path() /
-            ("tierflow-test-" + std::to_string(gen()));
+    path_ = std::filesystem::temp_directory_path() / ("tierflow-test-" + std::to_string(gen()));
     std::filesystem::create_directories(path_);
   }
   scratch_dir(const scratch_dir&) = delete;
@@ -68,9 +71,9 @@ class scratch_dir {
 class fixture_copy {
  public:
   explicit fixture_copy(const std::string& name) {
-    std::filesystem::copy(sysfs_fixture(name), dir_.path(),
-                          std::filesystem::copy_options::recursive |
-                              std::filesystem::copy_options::copy_symlinks);
+    std::filesystem::copy(
+        sysfs_fixture(name), dir_.path(),
+        std::filesystem::copy_options::recursive | std::filesystem::copy_options::copy_symlinks);
   }
   [[nodiscard]] const std::filesystem::path& root() const { return dir_.path(); }
   /** Path of @p relative (e.g. "sys/devices/system/node/online") inside the copy. */

@@ -179,8 +179,8 @@ TEST_CASE("hwloc XML: Xeon Phi with MCDRAM", "[topology][hwloc]") {
     REQUIRE(node != nullptr);
     CHECK(node->has_cpu == (id < 4));
     CHECK(node->hwloc_subtype == (id < 4 ? "DRAM" : "MCDRAM"));
-    CHECK(node->kind == (id == 0 ? tier_kind::dram
-                                 : (id < 4 ? tier_kind::remote_dram : tier_kind::host_hbm)));
+    CHECK(node->kind ==
+          (id == 0 ? tier_kind::dram : (id < 4 ? tier_kind::remote_dram : tier_kind::host_hbm)));
     CHECK_FALSE(node->free_bytes.has_value());  // XML records no free memory
   }
   CHECK(topo.find_node({0})->cpus.size() == 16);

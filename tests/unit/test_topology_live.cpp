@@ -1,9 +1,10 @@
 // The live machine, read as it is now. Capacity moves on these VMs (memory is hot-plugged as
 // it is used), so each check compares with meminfo read at the same moment.
 
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <sstream>
+
+#include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 #include "tierflow/topology.hpp"
@@ -12,8 +13,8 @@ using namespace tierflow;
 
 namespace {
 std::uint64_t mem_total_now(int node) {
-  std::istringstream in(test::read_file("/sys/devices/system/node/node" + std::to_string(node) +
-                                        "/meminfo"));
+  std::istringstream in(
+      test::read_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo"));
   std::string line;
   while (std::getline(in, line)) {
     std::istringstream fields(line);
@@ -33,8 +34,7 @@ TEST_CASE("live machine: every node's capacity matches meminfo now", "[topology]
   test::scoped_env env("TIERFLOW_TIERS", nullptr);
   auto topo = topology::discover();
   REQUIRE_FALSE(topo.nodes().empty());
-  CHECK(std::find(topo.sources().begin(), topo.sources().end(), "sysfs:/") !=
-        topo.sources().end());
+  CHECK(std::find(topo.sources().begin(), topo.sources().end(), "sysfs:/") != topo.sources().end());
   CHECK(std::find(topo.sources().begin(), topo.sources().end(), "hwloc:live") !=
         topo.sources().end());
   for (int round = 0; round < 2; ++round) {

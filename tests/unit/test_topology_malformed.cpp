@@ -1,8 +1,9 @@
 // Missing and malformed inputs: each gives one input_error naming the file and the offending
 // text, and no topology.
 
-#include <catch2/catch.hpp>
 #include <functional>
+
+#include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 #include "tierflow/error.hpp"
@@ -17,7 +18,7 @@ struct corruption {
   std::string file;     // relative to the tree root
   std::string content;  // new content; empty with remove=true deletes the file
   bool remove = false;
-  std::string problem;  // expected in what()
+  std::string problem;         // expected in what()
   std::string offending = {};  // expected in offending_text(); empty: no check
 };
 
@@ -44,7 +45,8 @@ TEST_CASE("malformed sysfs trees", "[topology][malformed]") {
   const corruption cases[] = {
       {"missing online", node + "online", "", true, "cannot read (No such file or directory)"},
       {"empty online", node + "online", "\n", false, "no online NUMA node listed"},
-      {"garbage online", node + "online", "zero-three\n", false, "expected a list of ids", "zero-three"},
+      {"garbage online", node + "online", "zero-three\n", false, "expected a list of ids",
+       "zero-three"},
       {"reversed online", node + "online", "3-0\n", false, "expected a list of ids", "3-0"},
       {"no memory", node + "has_memory", "\n", false, "no online node has memory"},
       {"missing meminfo", node + "node2/meminfo", "", true, "cannot read"},
@@ -60,19 +62,20 @@ TEST_CASE("malformed sysfs trees", "[topology][malformed]") {
       {"no MemTotal", node + "node0/meminfo", "Node 0 MemFree:  1 kB\n", false, "no MemTotal"},
       {"free above total", node + "node0/meminfo",
        "Node 0 MemTotal:  10 kB\nNode 0 MemFree:  11 kB\n", false, "MemFree is larger"},
-      {"short distance row", node + "node0/distance", "10 21 14\n", false,
-       "expected 4 distances", "10 21 14"},
+      {"short distance row", node + "node0/distance", "10 21 14\n", false, "expected 4 distances",
+       "10 21 14"},
       {"garbage distance", node + "node3/distance", "24 14 x 10\n", false,
        "expected SLIT distances", "24 14 x 10"},
-      {"garbage cpulist", node + "node0/cpulist", "0-23,a\n", false, "expected a list of ids", "0-23,a"},
+      {"garbage cpulist", node + "node0/cpulist", "0-23,a\n", false, "expected a list of ids",
+       "0-23,a"},
       {"overlapping memory tiers", "sys/devices/virtual/memory_tiering/memory_tier22/nodelist",
        "1-3\n", false, "is also in memory_tier", "1-3"},
       {"empty memory tier", "sys/devices/virtual/memory_tiering/memory_tier22/nodelist", "\n",
        false, "memory tier lists no node"},
       {"garbage HMAT", node + "node2/access0/initiators/read_bandwidth", "fast\n", false,
        "expected a whole number", "fast"},
-      {"garbage dax target", "sys/bus/dax/devices/dax0.0/target_node",
-       "two\n", false, "expected a node number or -1", "two"},
+      {"garbage dax target", "sys/bus/dax/devices/dax0.0/target_node", "two\n", false,
+       "expected a node number or -1", "two"},
   };
   for (const auto& c : cases) {
     DYNAMIC_SECTION(c.name) {

@@ -128,7 +128,8 @@ TEST_CASE("an initiator must be a node with CPUs", "[topology][override]") {
   test::scoped_env env("TIERFLOW_TIERS", nullptr);
   auto options = cxl_machine();
   options.initiator = numa_node_id{2};
-  CHECK_THROWS_WITH(topology::discover(options), Catch::Contains("node 2 is not a memory node with CPUs"));
+  CHECK_THROWS_WITH(topology::discover(options),
+                    Catch::Contains("node 2 is not a memory node with CPUs"));
   options.initiator = numa_node_id{42};
   CHECK_THROWS_AS(topology::discover(options), input_error);
 }
