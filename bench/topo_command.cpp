@@ -215,9 +215,10 @@ action add_topo_command(CLI::App& app) {
                   "TIERFLOW_TIERS and the config file)");
   cmd->add_option("--config", options->config,
                   "Configuration file (key = value lines; default: env TIERFLOW_CONFIG)");
-  auto* initiator = cmd->add_option("--initiator", options->initiator,
-                  "Node that tier kinds are relative to (default: GPU 0's nearest node, else "
-                  "the first node with CPUs)");
+  auto* initiator =
+      cmd->add_option("--initiator", options->initiator,
+                      "Node that tier kinds are relative to (default: GPU 0's nearest node, else "
+                      "the first node with CPUs)");
   cmd->add_flag("--no-hwloc", options->no_hwloc, "Do not consult hwloc");
 
   return [options, initiator]() {
