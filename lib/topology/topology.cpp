@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "platform/sysfs.hpp"
 #include "tierflow/log.hpp"
 #include "topology/machine_facts.hpp"
 #include "topology/topology_builder.hpp"
@@ -10,7 +11,14 @@ namespace tierflow {
 
 topology topology::discover(const discovery_options& options) {
   const bool live_sysfs = options.sysfs_root == std::filesystem::path("/");
-  const bool use_sysfs = !(live_sysfs && options.hwloc_xml);
+  // A kernel built without NUMA support has no node directory: hwloc alone describes it then.
+  const bool live_without_numa_sysfs =
+      live_sysfs && !detail::platform::path_exists("/sys/devices/system/node/online");
+  if (live_without_numa_sysfs && !options.hwloc_xml) {
+    detail::log(log_level::info,
+                "topology: /sys/devices/system/node/online is missing; using hwloc alone");
+  }
+  const bool use_sysfs = !(live_sysfs && (options.hwloc_xml || live_without_numa_sysfs));
   // Live hwloc and CUDA describe this machine, not a fake sysfs tree or an XML file.
   const bool describes_live_machine = live_sysfs && !options.hwloc_xml;
 
@@ -22,7 +30,7 @@ topology topology::discover(const discovery_options& options) {
       detail::merge_facts(facts, detail::read_hwloc(xml));
     }
   } else {
-    facts = detail::read_hwloc(&*options.hwloc_xml);
+    facts = detail::read_hwloc(options.hwloc_xml ? &*options.hwloc_xml : nullptr);
   }
 
   if (options.use_cuda && describes_live_machine) {
