@@ -6,8 +6,11 @@
  * from a destructor. The C ABI (a later layer) turns them into error codes.
  */
 
+#include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace tierflow {
 
@@ -45,6 +48,45 @@ class input_error : public error {
   std::string problem_;
   std::string offending_text_;
 };
+
+/**
+ * @brief A tier (or every tier a placement tried) has no room for an allocation.
+ *
+ * Carries what was asked for and what each tier had free when it was refused. `what()` is one
+ * line, e.g. `optimizer_state: 8.0 GiB asked; free: cxl0 1.0 GiB, dram0 512 MiB`.
+ */
+class out_of_capacity : public std::bad_alloc {
+ public:
+  /** @brief A tier and its free bytes at the time of the refusal. */
+  struct tier_free {
+    std::string tier;
+    std::uint64_t free_bytes = 0;
+  };
+
+  /**
+   * @param context what was being allocated: a tier or resource name, or a data class
+   * @param requested_bytes bytes asked for
+   * @param free the tiers that were tried, in order, with their free bytes
+   */
+  out_of_capacity(std::string context, std::uint64_t requested_bytes, std::vector<tier_free> free);
+
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+  /** @brief What was being allocated (tier, resource or data class). */
+  [[nodiscard]] const std::string& context() const noexcept { return context_; }
+  /** @brief Bytes asked for. */
+  [[nodiscard]] std::uint64_t requested_bytes() const noexcept { return requested_bytes_; }
+  /** @brief Tiers tried, in order, with their free bytes. */
+  [[nodiscard]] const std::vector<tier_free>& tiers() const noexcept { return tiers_; }
+
+ private:
+  std::string context_;
+  std::uint64_t requested_bytes_ = 0;
+  std::vector<tier_free> tiers_;
+  std::string message_;
+};
+
+/** @brief Formats a byte count for messages: `512 B`, `64.0 KiB`, `1.5 GiB`. */
+[[nodiscard]] std::string format_byte_count(std::uint64_t bytes);
 
 namespace detail {
 /** @brief Throws tierflow::error for a failed TIERFLOW_EXPECTS (kept out of line). */

@@ -9,6 +9,7 @@
  * | key   | environment variable | meaning                                   |
  * |-------|----------------------|-------------------------------------------|
  * | tiers | TIERFLOW_TIERS       | tier classification override (topology.hpp) |
+ * | placement | TIERFLOW_PLACEMENT | data class placement (placement_policy.hpp) |
  *
  * An unknown key, a line without `=`, an empty value or a key given twice is an input_error
  * naming `FILE:LINE`.

@@ -1,5 +1,6 @@
 #include "tierflow/error.hpp"
 
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -45,6 +46,35 @@ input_error::input_error(std::string source, std::string problem, std::string of
       source_(std::move(source)),
       problem_(std::move(problem)),
       offending_text_(printable_excerpt(offending_text)) {}
+
+std::string format_byte_count(std::uint64_t bytes) {
+  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) {
+    return std::to_string(bytes) + " B";
+  }
+  auto value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 6) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %s", value, units[unit]);
+  return text;
+}
+
+out_of_capacity::out_of_capacity(std::string context, std::uint64_t requested_bytes,
+                                 std::vector<tier_free> free)
+    : context_(std::move(context)), requested_bytes_(requested_bytes), tiers_(std::move(free)) {
+  message_ = context_ + ": " + format_byte_count(requested_bytes_) + " asked; free:";
+  if (tiers_.empty()) {
+    message_ += " (no tier)";
+  }
+  for (std::size_t i = 0; i < tiers_.size(); ++i) {
+    message_ +=
+        (i == 0 ? " " : ", ") + tiers_[i].tier + " " + format_byte_count(tiers_[i].free_bytes);
+  }
+}
 
 namespace detail {
 void throw_expects_failure(const char* condition, const std::string& message, const char* file,

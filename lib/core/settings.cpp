@@ -12,6 +12,7 @@ namespace tierflow {
 const std::map<std::string, std::string, std::less<>>& settings::known_keys() {
   static const std::map<std::string, std::string, std::less<>> keys = {
       {"tiers", "TIERFLOW_TIERS"},
+      {"placement", "TIERFLOW_PLACEMENT"},
   };
   return keys;
 }

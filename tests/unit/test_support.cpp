@@ -1,8 +1,11 @@
 #include "test_support.hpp"
 
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+
+#include "tierflow/log.hpp"
 
 namespace tierflow::test {
 
@@ -24,6 +27,32 @@ std::string read_file(const std::filesystem::path& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+struct captured_log::impl {
+  std::mutex mutex;
+  std::string lines;
+  tierflow::log_level previous_level = tierflow::log_level::warning;
+};
+
+captured_log::captured_log() : impl_(new impl) {
+  impl_->previous_level = tierflow::get_log_level();
+  tierflow::set_log_level(tierflow::log_level::info);
+  tierflow::set_log_sink([state = impl_](tierflow::log_level, std::string_view line) {
+    const std::lock_guard lock(state->mutex);
+    state->lines += std::string(line) + "\n";
+  });
+}
+
+captured_log::~captured_log() {
+  tierflow::set_log_sink({});
+  tierflow::set_log_level(impl_->previous_level);
+  delete impl_;
+}
+
+std::string captured_log::text() const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->lines;
 }
 
 scoped_env::scoped_env(const char* name, const char* value) : name_(name) {

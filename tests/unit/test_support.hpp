@@ -91,6 +91,21 @@ void write_file(const std::filesystem::path& path, const std::string& text);
 /** Reads a whole file. */
 std::string read_file(const std::filesystem::path& path);
 
+/** Collects tierflow's log lines while it lives (and keeps them off stderr). */
+class captured_log {
+ public:
+  captured_log();
+  captured_log(const captured_log&) = delete;
+  captured_log& operator=(const captured_log&) = delete;
+  ~captured_log();
+  /** Every line so far, joined by newlines. */
+  [[nodiscard]] std::string text() const;
+
+ private:
+  struct impl;
+  impl* impl_;
+};
+
 /** Sets an environment variable for the lifetime of the object, then restores it. */
 class scoped_env {
  public:

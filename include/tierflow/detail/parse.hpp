@@ -34,6 +34,13 @@ namespace tierflow::detail {
 [[nodiscard]] std::optional<std::vector<int>> parse_id_list(std::string_view text,
                                                             int max_id = 1 << 20);
 
+/** @brief @p value × @p numerator / @p denominator, rounded down, without overflow when
+ *  numerator ≤ denominator. */
+[[nodiscard]] constexpr std::uint64_t scale(std::uint64_t value, std::uint64_t numerator,
+                                            std::uint64_t denominator) noexcept {
+  return value / denominator * numerator + value % denominator * numerator / denominator;
+}
+
 /** @brief Formats ids as a compact Linux list (`0-3,8`). */
 [[nodiscard]] std::string format_id_list(const std::vector<int>& ids);
 
