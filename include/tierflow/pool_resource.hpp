@@ -17,11 +17,15 @@ namespace tierflow {
 
 /** @brief How a pool_resource grows. */
 struct pool_options {
-  /** @brief Smallest upstream allocation (a chunk); larger requests get a chunk of their own
-   * size, never a power-of-two rounding. */
+  /** @brief The upstream allocation that small requests share (never a power-of-two
+   * rounding of anything). */
   std::size_t chunk_bytes = std::size_t{64} << 20;
   /** @brief Most bytes the pool may take from upstream in all; 0: no cap. */
   std::uint64_t max_bytes = 0;
+  /** @brief A request of at least this size that finds no free block gets an upstream chunk
+   * of exactly its size (page-rounded). 0: chunk_bytes / 20, so a shared chunk strands less
+   * than 5% of itself and the pool holds at most 1.05 x the bytes in use + one chunk. */
+  std::size_t dedicated_bytes = 0;
 };
 
 /**
@@ -29,8 +33,8 @@ struct pool_options {
  * free list (best fit, coalesced with their free neighbours in the same chunk) and are reused.
  * Chunks go back upstream when the pool is destroyed or on release_unused().
  *
- * Blocks are multiples of 256 bytes. Upstream memory held is at most what is in use plus
- * fragmentation plus one chunk. Thread-safe (one mutex). Does not own the upstream, which must
+ * Blocks are multiples of 256 bytes. Requests of `dedicated_bytes` or more that find no free
+ * block get a chunk of their own size; smaller ones share chunks of `chunk_bytes`. Thread-safe (one mutex). Does not own the upstream, which must
  * outlive it. Over a pinned_resource it is the register-once pinned pool.
  */
 class pool_resource final : public memory_resource {

@@ -82,9 +82,13 @@ numa_resource::numa_resource(numa_resource_options options) : options_(std::move
 std::string numa_resource::name() const {
   std::string text = "numa(" + std::string(to_string(options_.policy)) + " ";
   for (std::size_t i = 0; i < node_ids_.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(node_ids_[i]);
+    if (i > 0) {
+      text += ',';
+    }
+    text += std::to_string(node_ids_[i]);
     if (!options_.weights.empty()) {
-      text += ":" + std::to_string(options_.weights[i]);
+      text += ':';
+      text += std::to_string(options_.weights[i]);
     }
   }
   return text + ")";

@@ -25,6 +25,9 @@ pool_resource::pool_resource(memory_resource& upstream, pool_options options)
     : upstream_(upstream), options_(options) {
   TIERFLOW_EXPECTS(options_.chunk_bytes > 0, "pool_resource: chunk_bytes must be above 0");
   options_.chunk_bytes = round_up(options_.chunk_bytes, chunk_alignment);
+  if (options_.dedicated_bytes == 0) {
+    options_.dedicated_bytes = std::max<std::size_t>(options_.chunk_bytes / 20, 1);
+  }
 }
 
 pool_resource::~pool_resource() {
@@ -132,7 +135,8 @@ void* pool_resource::do_allocate(std::size_t bytes, std::size_t alignment) {
       }
     }
     const std::size_t extra = alignment > chunk_alignment ? alignment : 0;
-    grow(std::max(options_.chunk_bytes, round_up(size + extra, chunk_alignment)), bytes);
+    const std::size_t exact = round_up(size + extra, chunk_alignment);
+    grow(size >= options_.dedicated_bytes ? exact : std::max(options_.chunk_bytes, exact), bytes);
   }
 }
 

@@ -318,15 +318,17 @@ std::pair<std::uint64_t, std::uint64_t> read_node_meminfo(const fs::path& root, 
     if (!is_total && !is_free) {
       continue;
     }
-    const auto kib = fields.size() == 5 ? parse_u64(fields[3]) : std::nullopt;
-    if (fields[0] != "Node" || fields[1] != std::to_string(id) || !kib || fields[4] != "kB" ||
-        *kib > (std::uint64_t{1} << 53)) {
+    const bool well_formed = fields.size() == 5 && fields[0] == "Node" &&
+                             fields[1] == std::to_string(id) && fields[4] == "kB";
+    const std::uint64_t kib = well_formed ? parse_u64(fields[3]).value_or(~std::uint64_t{0})
+                                          : ~std::uint64_t{0};
+    if (kib > (std::uint64_t{1} << 53)) {
       throw input_error(
           path.string(),
           "expected 'Node " + std::to_string(id) + " " + std::string(fields[2]) + " <number> kB'",
           std::string(line));
     }
-    (is_total ? total : free) = *kib * 1024;
+    (is_total ? total : free) = kib * 1024;
   }
   if (!total || !free) {
     throw input_error(path.string(), std::string("no ") + (total ? "MemFree" : "MemTotal") +

@@ -1,5 +1,6 @@
-// Links against an installed tierflow and classifies a fake sysfs tree given on the command
-// line; prints the tier names so the calling test can check them.
+// Links against an installed tierflow: classifies a fake sysfs tree given on the command line
+// (printing the tier names for the calling test to check), then places a buffer on this
+// machine and checks where its pages are.
 #include <cstdio>
 #include <exception>
 
@@ -13,11 +14,29 @@ int main(int argc, char** argv) {
   try {
     tierflow::discovery_options options;
     options.sysfs_root = argv[1];
-    const auto topo = tierflow::topology::discover(options);
-    for (const auto& tier : topo.tiers()) {
+    const auto fake = tierflow::topology::discover(options);
+    for (const auto& tier : fake.tiers()) {
       std::printf("%s ", tier.name.c_str());
     }
     std::printf("\n");
+
+    tierflow::numa_resource node0({.nodes = {tierflow::numa_node_id{0}}, .populate = true});
+    tierflow::pinned_resource pinned(node0);
+    tierflow::pool_resource staging(pinned);
+    constexpr std::size_t bytes = 8 << 20;
+    void* buffer = staging.allocate(bytes);
+    const auto pages = tierflow::where(buffer, bytes);
+    staging.deallocate(buffer, bytes);
+    if (pages.pages_on(0) != pages.total_pages) {
+      std::fprintf(stderr, "consumer: %zu of %zu pages on node 0\n", pages.pages_on(0),
+                   pages.total_pages);
+      return 1;
+    }
+    tierflow::placement_policy policy(tierflow::topology::discover());
+    auto state = policy.allocate(tierflow::data_class::optimizer_state, bytes);
+    if (state.tier().empty() || tierflow::to_json(policy.snapshot()).empty()) {
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "consumer: %s\n", e.what());

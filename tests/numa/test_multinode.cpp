@@ -21,7 +21,8 @@ constexpr std::size_t mib = std::size_t{1} << 20;
 
 std::vector<numa_node_id> memory_nodes() {
   std::vector<numa_node_id> ids;
-  for (const auto& n : topology::discover().nodes()) {
+  const auto topo = topology::discover();
+  for (const auto& n : topo.nodes()) {
     ids.push_back(n.id);
   }
   return ids;

@@ -156,16 +156,44 @@ TEST_CASE("pool reuses, coalesces and does not round to powers of two", "[memory
     pool.deallocate(b, mib);
   }
   SECTION("freed neighbours coalesce") {
-    void* a = pool.allocate(4 * mib);
-    void* b = pool.allocate(4 * mib);
-    void* c = pool.allocate(4 * mib);
-    pool.deallocate(a, 4 * mib);
-    pool.deallocate(b, 4 * mib);
-    void* d = pool.allocate(8 * mib);  // only fits in a+b merged
+    const std::size_t small = 256 << 10;  // below the dedicated size: shares a chunk
+    void* a = pool.allocate(small);
+    void* b = pool.allocate(small);
+    void* c = pool.allocate(small);
+    pool.deallocate(a, small);
+    pool.deallocate(b, small);
+    void* d = pool.allocate(2 * small);  // fits where a and b were only once they merged
     CHECK(d == a);
     CHECK(upstream.allocations().total == 1);
-    pool.deallocate(c, 4 * mib);
-    pool.deallocate(d, 8 * mib);
+    pool.deallocate(c, small);
+    pool.deallocate(d, 2 * small);
+  }
+  SECTION("a large request gets an exact chunk; small ones share") {
+    void* big = pool.allocate(5 * mib + 1);  // above 16 MiB / 20
+    CHECK(pool.upstream_bytes() == 5 * mib + 4096);
+    void* small = pool.allocate(100 << 10);
+    CHECK(pool.upstream_bytes() == 5 * mib + 4096 + 16 * mib);
+    void* small2 = pool.allocate(100 << 10);
+    CHECK(upstream.allocations().total == 2);
+    pool.deallocate(big, 5 * mib + 1);
+    pool.deallocate(small, 100 << 10);
+    pool.deallocate(small2, 100 << 10);
+  }
+  SECTION("held memory stays within 1.05 x in use + one chunk for random sizes") {
+    auto gen = test::rng(202);
+    std::vector<std::pair<void*, std::size_t>> held;
+    std::uint64_t in_use = 0;
+    while (in_use < 256 * mib) {
+      const auto bytes = std::uniform_int_distribution<std::size_t>(1, 24 * mib)(gen);
+      held.emplace_back(pool.allocate(bytes), bytes);
+      in_use += bytes;
+    }
+    INFO("held " << pool.upstream_bytes() << " for " << in_use);
+    CHECK(static_cast<double>(pool.upstream_bytes()) <=
+          1.05 * static_cast<double>(in_use) + 16.0 * mib);
+    for (auto [p, b] : held) {
+      pool.deallocate(p, b);
+    }
   }
   SECTION("a large request gets a chunk of its own size") {
     const std::size_t bytes = 100 * mib + 12345;
