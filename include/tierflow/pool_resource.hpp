@@ -34,8 +34,9 @@ struct pool_options {
  * Chunks go back upstream when the pool is destroyed or on release_unused().
  *
  * Blocks are multiples of 256 bytes. Requests of `dedicated_bytes` or more that find no free
- * block get a chunk of their own size; smaller ones share chunks of `chunk_bytes`. Thread-safe (one mutex). Does not own the upstream, which must
- * outlive it. Over a pinned_resource it is the register-once pinned pool.
+ * block get a chunk of their own size; smaller ones share chunks of `chunk_bytes`. Thread-safe (one
+ * mutex). Does not own the upstream, which must outlive it. Over a pinned_resource it is the
+ * register-once pinned pool.
  */
 class pool_resource final : public memory_resource {
  public:

@@ -320,8 +320,8 @@ std::pair<std::uint64_t, std::uint64_t> read_node_meminfo(const fs::path& root, 
     }
     const bool well_formed = fields.size() == 5 && fields[0] == "Node" &&
                              fields[1] == std::to_string(id) && fields[4] == "kB";
-    const std::uint64_t kib = well_formed ? parse_u64(fields[3]).value_or(~std::uint64_t{0})
-                                          : ~std::uint64_t{0};
+    const std::uint64_t kib =
+        well_formed ? parse_u64(fields[3]).value_or(~std::uint64_t{0}) : ~std::uint64_t{0};
     if (kib > (std::uint64_t{1} << 53)) {
       throw input_error(
           path.string(),
