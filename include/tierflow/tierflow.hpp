@@ -4,6 +4,8 @@
  */
 
 #include "tierflow/build_config.hpp"
+#include "tierflow/device.hpp"
+#include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/limit_resource.hpp"
 #include "tierflow/log.hpp"
