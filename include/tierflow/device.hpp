@@ -65,14 +65,14 @@ enum class copy_kind { h2d, d2h, d2d };
 
 /** @brief What a device is. */
 struct device_properties {
-  std::string backend;               ///< `cuda` or `emulated`
-  std::string name;                  ///< e.g. `NVIDIA H200`, `emulated (h2d 25 GB/s, ...)`
-  std::string pci_bus_id;            ///< empty for the emulated device
+  std::string backend;     ///< `cuda` or `emulated`
+  std::string name;        ///< e.g. `NVIDIA H200`, `emulated (h2d 25 GB/s, ...)`
+  std::string pci_bus_id;  ///< empty for the emulated device
   std::uint64_t memory_total_bytes = 0;
-  int copy_engines = 0;              ///< concurrent copy engines (async engine count)
-  std::optional<double> h2d_gbps;    ///< link bandwidth if known (GB/s = 10^9 B/s)
+  int copy_engines = 0;            ///< concurrent copy engines (async engine count)
+  std::optional<double> h2d_gbps;  ///< link bandwidth if known (GB/s = 10^9 B/s)
   std::optional<double> d2h_gbps;
-  bool full_duplex = true;           ///< H2D and D2H can run at full speed at once
+  bool full_duplex = true;  ///< H2D and D2H can run at full speed at once
 };
 
 class stream;

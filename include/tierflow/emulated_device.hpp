@@ -25,7 +25,7 @@ struct link_model {
   double h2d_gbps = 25.0;  ///< GB/s = 10^9 B/s; > 0
   double d2h_gbps = 25.0;
   std::chrono::nanoseconds latency{10000};  ///< added to every transfer
-  bool full_duplex = true;  ///< false: H2D and D2H share one link
+  bool full_duplex = true;                  ///< false: H2D and D2H share one link
 
   /**
    * @brief Parses `h2d=25GB/s,d2h=25GB/s,latency=10us,duplex=full` (any subset, any order;
@@ -65,7 +65,8 @@ class emulated_faults {
 class emulated_device : public device, public emulated_faults {
  public:
   /** @brief Makes an emulated device. @throws tierflow::error for bad options */
-  [[nodiscard]] static std::unique_ptr<emulated_device> create(emulated_device_options options = {});
+  [[nodiscard]] static std::unique_ptr<emulated_device> create(
+      emulated_device_options options = {});
   /** @brief The link it models. */
   [[nodiscard]] virtual const link_model& link() const noexcept = 0;
 };

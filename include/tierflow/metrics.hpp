@@ -41,6 +41,30 @@ class usage_counter {
   std::atomic<std::uint64_t> total_{0};
 };
 
+/** @brief A reading of a link_counter. */
+struct link_usage {
+  std::uint64_t bytes = 0;      ///< moved in all
+  std::uint64_t transfers = 0;  ///< transfers made
+  double busy_seconds = 0.0;    ///< time the link spent moving them
+  /** @brief bytes / busy time in GB/s (10^9 B/s); 0 when idle. */
+  [[nodiscard]] double achieved_gbps() const noexcept {
+    return busy_seconds > 0 ? static_cast<double>(bytes) / busy_seconds / 1e9 : 0.0;
+  }
+};
+
+/** @brief Bytes, transfers and busy time of one link (h2d, d2h, ...). Thread-safe. */
+class link_counter {
+ public:
+  /** @brief Records a finished transfer. */
+  void add(std::uint64_t bytes, double busy_seconds) noexcept;
+  [[nodiscard]] link_usage read() const noexcept;
+
+ private:
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<std::uint64_t> transfers_{0};
+  std::atomic<std::uint64_t> busy_ns_{0};
+};
+
 /**
  * @brief A small streaming JSON writer: objects, arrays, strings, numbers, booleans, null.
  * Misuse (a value where a key is due, unbalanced ends) throws tierflow::error.

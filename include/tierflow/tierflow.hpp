@@ -18,4 +18,5 @@
 #include "tierflow/settings.hpp"
 #include "tierflow/statistics_resource.hpp"
 #include "tierflow/topology.hpp"
+#include "tierflow/transfer_engine.hpp"
 #include "tierflow/where.hpp"

@@ -1,8 +1,9 @@
+#include "tierflow/device.hpp"
+
 #include <charconv>
 
 #include "device/device_internal.hpp"
 #include "tierflow/detail/parse.hpp"
-#include "tierflow/device.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/log.hpp"
 
@@ -27,7 +28,9 @@ std::string_view to_string(copy_kind kind) noexcept {
   return "unknown";
 }
 
-double event::elapsed_ms(event& start, event& end) { return end.elapsed_since_ms(start); }
+double event::elapsed_ms(event& start, event& end) {
+  return end.elapsed_since_ms(start);
+}
 
 std::unique_ptr<device> open_device(std::string_view spec) {
   const std::string text(spec);
@@ -44,16 +47,15 @@ std::unique_ptr<device> open_device(std::string_view spec) {
     if (auto cuda = detail::open_cuda_device(0, why)) {
       return cuda;
     }
-    detail::log(log_level::info, "device: no usable CUDA device (" + why +
-                                     "); using the emulated backend");
+    detail::log(log_level::info,
+                "device: no usable CUDA device (" + why + "); using the emulated backend");
     return emulated();
   }
   int index = 0;
   if (spec != "cuda") {
     const auto colon = spec.find(':');
-    const auto number = colon == std::string_view::npos
-                            ? std::nullopt
-                            : detail::parse_u64(spec.substr(colon + 1));
+    const auto number =
+        colon == std::string_view::npos ? std::nullopt : detail::parse_u64(spec.substr(colon + 1));
     if (spec.substr(0, colon) != "cuda" || !number || *number > 1024) {
       throw input_error("device spec", "expected auto, emulated, cuda or cuda:N", text);
     }

@@ -1,6 +1,8 @@
 // The emulated device: streams are worker threads, events follow CUDA's semantics, copies
 // move real bytes at a modelled link's pace.
 
+#include "tierflow/emulated_device.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -13,7 +15,6 @@
 
 #include "device/device_internal.hpp"
 #include "platform/numa.hpp"
-#include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -63,8 +64,8 @@ class parallel_copier {
       for (std::size_t i = 1; i < parts; ++i) {
         const std::size_t offset = i * piece;
         const std::size_t length = offset >= bytes ? 0 : std::min(piece, bytes - offset);
-        jobs_.push_back({static_cast<char*>(dst) + offset,
-                         static_cast<const char*>(src) + offset, length, &done});
+        jobs_.push_back({static_cast<char*>(dst) + offset, static_cast<const char*>(src) + offset,
+                         length, &done});
       }
     }
     cv_.notify_all();
@@ -110,10 +111,14 @@ class parallel_copier {
 // for latency + bytes / bandwidth.
 class link_channel {
  public:
-  /** The interval this transfer occupies the link, starting no earlier than now. */
+  /** When this transfer leaves the link. A transfer that follows the last one closely starts
+   * where it ended, so a worker's late wake-up is made up by the next transfer rather than
+   * lost; after an idle gap it starts now. */
   clock_type::time_point reserve(std::size_t bytes, double gbps, std::chrono::nanoseconds latency) {
+    constexpr auto back_to_back = std::chrono::microseconds(500);
     const std::lock_guard lock(mutex_);
-    const auto start = std::max(clock_type::now(), free_at_);
+    const auto now = clock_type::now();
+    const auto start = now > free_at_ + back_to_back ? now : free_at_;
     const auto duration = latency + std::chrono::nanoseconds(static_cast<std::int64_t>(
                                         static_cast<double>(bytes) / gbps));  // bytes / (B/ns)
     free_at_ = start + duration;
@@ -428,9 +433,8 @@ class emulated_device_impl final : public emulated_device {
   explicit emulated_device_impl(emulated_device_options options)
       : options_(options),
         hbm_(options.hbm_bytes),
-        copier_(options.copy_threads > 0
-                    ? options.copy_threads - 1
-                    : std::max(1u, std::thread::hardware_concurrency()) - 1),
+        copier_(options.copy_threads > 0 ? options.copy_threads - 1
+                                         : std::max(1u, std::thread::hardware_concurrency()) - 1),
         compute_("compute", this),
         h2d_("h2d", this),
         d2h_("d2h", this) {
@@ -476,11 +480,11 @@ class emulated_device_impl final : public emulated_device {
       const auto& link = options_.link;
       clock_type::time_point done_at{};
       if (kind == copy_kind::h2d) {
-        done_at = (link.full_duplex ? h2d_link_ : shared_link()).reserve(bytes, link.h2d_gbps,
-                                                                          link.latency);
+        done_at = (link.full_duplex ? h2d_link_ : shared_link())
+                      .reserve(bytes, link.h2d_gbps, link.latency);
       } else if (kind == copy_kind::d2h) {
-        done_at = (link.full_duplex ? d2h_link_ : shared_link()).reserve(bytes, link.d2h_gbps,
-                                                                          link.latency);
+        done_at = (link.full_duplex ? d2h_link_ : shared_link())
+                      .reserve(bytes, link.d2h_gbps, link.latency);
       }
       copier_.copy(dst, src, bytes);
       std::this_thread::sleep_until(done_at);

@@ -11,8 +11,8 @@ namespace tierflow {
 namespace {
 
 // A decimal number followed by a unit from @p units (value = number x factor).
-std::optional<double> number_with_unit(std::string_view text,
-                                       std::initializer_list<std::pair<std::string_view, double>> units) {
+std::optional<double> number_with_unit(
+    std::string_view text, std::initializer_list<std::pair<std::string_view, double>> units) {
   text = detail::trim(text);
   std::size_t digits = 0;
   while (digits < text.size() &&
@@ -60,15 +60,15 @@ link_model link_model::parse(std::string_view text, const std::string& origin) {
       const auto gbps = number_with_unit(value, {{"GB/s", 1.0}, {"MB/s", 1e-3}});
       if (!gbps || *gbps <= 0.0) {
         throw input_error(origin,
-                          std::string(key) + ": expected a bandwidth above 0 such as 25GB/s or "
-                                             "800MB/s, not '" +
+                          std::string(key) +
+                              ": expected a bandwidth above 0 such as 25GB/s or "
+                              "800MB/s, not '" +
                               std::string(value) + "'",
                           whole);
       }
       (key == "h2d" ? link.h2d_gbps : link.d2h_gbps) = *gbps;
     } else if (key == "latency") {
-      const auto ns =
-          number_with_unit(value, {{"ns", 1.0}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}});
+      const auto ns = number_with_unit(value, {{"ns", 1.0}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}});
       if (!ns || *ns > 60e9) {
         throw input_error(origin,
                           "latency: expected a duration such as 10us (ns, us, ms, s; at most "
@@ -79,8 +79,8 @@ link_model link_model::parse(std::string_view text, const std::string& origin) {
       link.latency = std::chrono::nanoseconds(static_cast<std::int64_t>(*ns));
     } else if (key == "duplex") {
       if (value != "full" && value != "half") {
-        throw input_error(origin,
-                          "duplex: expected full or half, not '" + std::string(value) + "'", whole);
+        throw input_error(origin, "duplex: expected full or half, not '" + std::string(value) + "'",
+                          whole);
       }
       link.full_duplex = value == "full";
     } else {

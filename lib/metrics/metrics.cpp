@@ -24,6 +24,17 @@ usage usage_counter::read() const noexcept {
           total_.load(std::memory_order_relaxed)};
 }
 
+void link_counter::add(std::uint64_t bytes, double busy_seconds) noexcept {
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  transfers_.fetch_add(1, std::memory_order_relaxed);
+  busy_ns_.fetch_add(static_cast<std::uint64_t>(busy_seconds * 1e9), std::memory_order_relaxed);
+}
+
+link_usage link_counter::read() const noexcept {
+  return {bytes_.load(std::memory_order_relaxed), transfers_.load(std::memory_order_relaxed),
+          static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) / 1e9};
+}
+
 std::string json_quote(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {

@@ -1,10 +1,11 @@
 // The emulated device: stream order, event semantics, link model, data integrity, faults.
 
 #include <atomic>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 #include "tierflow/device.hpp"
@@ -121,7 +122,7 @@ TEST_CASE("events order work across streams", "[device]") {
     a.record(*ready);  // after the wait was enqueued: the wait must not block on it
     const auto t0 = clock_type::now();
     dev->h2d_stream().synchronize();
-    CHECK(seconds(t0) < 0.045);
+    CHECK(seconds(t0) < 0.045);  // the 50 ms callback is not waited for
     dev->synchronize();
   }
 }
@@ -171,7 +172,10 @@ TEST_CASE("the link caps bandwidth", "[device][link]") {
     dev->h2d_stream().synchronize();
     const double gbps = static_cast<double>(bytes) / (event::elapsed_ms(*before, *after) * 1e6);
     INFO("cap " << cap << " GB/s measured " << gbps);
-    CHECK(gbps == Approx(cap).epsilon(0.10));
+    CHECK(gbps <= cap * 1.10);  // never faster than the cap
+    if (!test::under_sanitizer) {
+      CHECK(gbps == Approx(cap).epsilon(0.10));
+    }
     CHECK(std::memcmp(target.p, source.data(), bytes) == 0);
   }
 }
@@ -190,7 +194,9 @@ TEST_CASE("full duplex runs both directions at once; half duplex shares", "[devi
     const double one_way = static_cast<double>(bytes) / 1e9;
     INFO((full ? "full" : "half") << " duplex: " << elapsed << " s, one way " << one_way);
     if (full) {
-      CHECK(elapsed < 1.5 * one_way);
+      if (!test::under_sanitizer) {
+        CHECK(elapsed < 1.5 * one_way);
+      }
     } else {
       CHECK(elapsed > 1.8 * one_way);
     }
@@ -303,9 +309,8 @@ TEST_CASE("wrong arguments are errors at enqueue", "[device]") {
   device_buffer d(*dev, 64);
   CHECK_THROWS_AS(dev->copy_async(nullptr, host.data(), 64, copy_kind::h2d, dev->h2d_stream()),
                   error);
-  CHECK_THROWS_WITH(
-      dev->copy_async(d.p, host.data(), 64, copy_kind::h2d, other->h2d_stream()),
-      Catch::Contains("another device"));
+  CHECK_THROWS_WITH(dev->copy_async(d.p, host.data(), 64, copy_kind::h2d, other->h2d_stream()),
+                    Catch::Contains("another device"));
   auto foreign = other->create_event();
   other->compute_stream().record(*foreign);
   CHECK_NOTHROW(dev->copy_async(d.p, host.data(), 0, copy_kind::h2d, dev->h2d_stream()));
@@ -322,8 +327,7 @@ TEST_CASE("link models parse, and bad ones are clear errors", "[device][link]") 
     const char* text;
     const char* problem;
   };
-  for (const auto& c : {bad_case{"", "empty link model"},
-                        bad_case{"h2d", "expected KEY=VALUE"},
+  for (const auto& c : {bad_case{"", "empty link model"}, bad_case{"h2d", "expected KEY=VALUE"},
                         bad_case{"h2d=fast", "h2d: expected a bandwidth above 0"},
                         bad_case{"h2d=0GB/s", "h2d: expected a bandwidth above 0"},
                         bad_case{"d2h=25Gb/s", "d2h: expected a bandwidth"},

@@ -11,6 +11,14 @@
 
 namespace tierflow::test {
 
+/** Whether this build runs under a sanitizer: memcpy is instrumented (timings are not the
+ *  machine's) and mlock is a no-op. Speed checks keep only their lower bounds then. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool under_sanitizer = true;
+#else
+inline constexpr bool under_sanitizer = false;
+#endif
+
 /** The run's random seed: TIERFLOW_TEST_SEED when set, else fresh; printed once. */
 inline std::uint64_t seed() {
   static const std::uint64_t value = [] {

@@ -1,11 +1,11 @@
 // The CUDA backend: the CUDA runtime's streams, events, cudaMemcpyAsync, cudaMalloc and
 // cudaHostRegister, every call checked; NVTX ranges around transfers and callbacks.
 
-#include <nvtx3/nvToolsExt.h>
-
 #include <cctype>
 #include <mutex>
 #include <string>
+
+#include <nvtx3/nvToolsExt.h>
 
 #include "device/cuda/cuda_try.hpp"
 #include "device/device_internal.hpp"

@@ -12,18 +12,18 @@ void log_cuda_error(const char* call, const char* file, int line, cudaError_t st
 
 }  // namespace tierflow::detail
 
-#define TIERFLOW_CUDA_TRY(call)                                                   \
-  do {                                                                            \
-    const cudaError_t tierflow_cuda_status_ = (call);                             \
-    if (tierflow_cuda_status_ != cudaSuccess) {                                   \
+#define TIERFLOW_CUDA_TRY(call)                                                               \
+  do {                                                                                        \
+    const cudaError_t tierflow_cuda_status_ = (call);                                         \
+    if (tierflow_cuda_status_ != cudaSuccess) {                                               \
       ::tierflow::detail::throw_cuda_error(#call, __FILE__, __LINE__, tierflow_cuda_status_); \
-    }                                                                             \
+    }                                                                                         \
   } while (false)
 
-#define TIERFLOW_CUDA_LOG(call)                                                   \
-  do {                                                                            \
-    const cudaError_t tierflow_cuda_status_ = (call);                             \
-    if (tierflow_cuda_status_ != cudaSuccess) {                                   \
+#define TIERFLOW_CUDA_LOG(call)                                                             \
+  do {                                                                                      \
+    const cudaError_t tierflow_cuda_status_ = (call);                                       \
+    if (tierflow_cuda_status_ != cudaSuccess) {                                             \
       ::tierflow::detail::log_cuda_error(#call, __FILE__, __LINE__, tierflow_cuda_status_); \
-    }                                                                             \
+    }                                                                                       \
   } while (false)
