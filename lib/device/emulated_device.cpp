@@ -15,6 +15,7 @@
 
 #include "device/device_internal.hpp"
 #include "platform/numa.hpp"
+#include "platform/stream_copy.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -50,11 +51,11 @@ class parallel_copier {
   }
 
   void copy(void* dst, const void* src, std::size_t bytes) {
-    constexpr std::size_t min_piece = std::size_t{8} << 20;
+    constexpr std::size_t min_piece = std::size_t{1} << 20;
     const std::size_t parts =
         std::min<std::size_t>(threads_.size() + 1, std::max<std::size_t>(1, bytes / min_piece));
     if (parts <= 1) {
-      std::memcpy(dst, src, bytes);
+      platform::stream_copy(dst, src, bytes);
       return;
     }
     const std::size_t piece = (bytes / parts + 4095) / 4096 * 4096;
@@ -69,7 +70,7 @@ class parallel_copier {
       }
     }
     cv_.notify_all();
-    std::memcpy(dst, src, std::min(piece, bytes));
+    platform::stream_copy(dst, src, std::min(piece, bytes));
     done.wait();
   }
 
@@ -93,7 +94,7 @@ class parallel_copier {
         jobs_.pop_front();
       }
       if (j.bytes > 0) {
-        std::memcpy(j.dst, j.src, j.bytes);
+        platform::stream_copy(j.dst, j.src, j.bytes);
       }
       j.done->count_down();
     }

@@ -20,7 +20,10 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
 
-    tierflow::numa_resource node0({.nodes = {tierflow::numa_node_id{0}}, .populate = true});
+    tierflow::numa_resource_options on_node0;
+    on_node0.nodes = {tierflow::numa_node_id{0}};
+    on_node0.populate = true;
+    tierflow::numa_resource node0(on_node0);
     tierflow::pinned_resource pinned(node0);
     tierflow::pool_resource staging(pinned);
     constexpr std::size_t bytes = 8 << 20;

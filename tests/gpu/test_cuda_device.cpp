@@ -1,0 +1,145 @@
+// The CUDA backend on a real GPU: properties, copies from registered tier memory, events,
+// host callbacks, errors, and the transfer engine's routes. Without a usable GPU it reports
+// SKIPPED with the reason and exits with the code CTest counts as skipped.
+
+#define CATCH_CONFIG_RUNNER
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "tierflow/device.hpp"
+#include "tierflow/numa_resource.hpp"
+#include "tierflow/pinned_resource.hpp"
+#include "tierflow/transfer_engine.hpp"
+
+using namespace tierflow;
+
+namespace {
+
+constexpr int skip_return_code = 77;
+constexpr std::size_t mib = std::size_t{1} << 20;
+std::uint64_t seed = 0;
+
+std::vector<unsigned char> random_bytes(std::size_t n, std::mt19937_64& gen) {
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) {
+    b = static_cast<unsigned char>(gen() | 1);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cuda device properties", "[cuda]") {
+  auto dev = open_device("cuda");
+  const auto& p = dev->properties();
+  CHECK(p.backend == "cuda");
+  CHECK_FALSE(p.name.empty());
+  CHECK(p.memory_total_bytes > (std::uint64_t{1} << 30));
+  CHECK(p.copy_engines >= 1);
+  CHECK(p.pci_bus_id.size() == 12);
+  const auto free_bytes = dev->memory_free_bytes();
+  CHECK(free_bytes > 0);
+  CHECK(free_bytes <= p.memory_total_bytes);
+}
+
+TEST_CASE("cuda copies from registered NUMA memory are bit-exact", "[cuda]") {
+  auto dev = open_device("cuda");
+  std::mt19937_64 gen(seed);
+  numa_resource_options on_node0;
+  on_node0.nodes = {numa_node_id{0}};
+  on_node0.populate = true;
+  numa_resource node0(on_node0);
+  pinned_resource registered(node0, dev->host_registration());
+  for (int round = 0; round < 5; ++round) {
+    const auto bytes = std::uniform_int_distribution<std::size_t>(1, 64 * mib + 77)(gen);
+    const auto data = random_bytes(bytes, gen);
+    auto* host = static_cast<unsigned char*>(registered.allocate(bytes));
+    std::memcpy(host, data.data(), bytes);
+    void* d = dev->memory().allocate(bytes);
+    void* d2 = dev->memory().allocate(bytes);
+    dev->copy_async(d, host, bytes, copy_kind::h2d, dev->h2d_stream());
+    auto e = dev->create_event();
+    dev->h2d_stream().record(*e);
+    dev->compute_stream().wait(*e);
+    dev->copy_async(d2, d, bytes, copy_kind::d2d, dev->compute_stream());
+    dev->compute_stream().record(*e);
+    dev->d2h_stream().wait(*e);
+    std::memset(host, 0, bytes);
+    dev->copy_async(host, d2, bytes, copy_kind::d2h, dev->d2h_stream());
+    dev->d2h_stream().synchronize();
+    INFO("bytes " << bytes);
+    CHECK(std::memcmp(host, data.data(), bytes) == 0);
+    dev->memory().deallocate(d, bytes);
+    dev->memory().deallocate(d2, bytes);
+    registered.deallocate(host, bytes);
+  }
+}
+
+TEST_CASE("cuda events and host callbacks keep order", "[cuda]") {
+  auto dev = open_device("cuda");
+  auto start = dev->create_event();
+  auto ready = dev->create_event();
+  CHECK(ready->query());
+  std::atomic<bool> produced{false};
+  std::atomic<bool> seen{false};
+  dev->compute_stream().record(*start);
+  dev->compute_stream().host_callback([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    produced = true;
+  });
+  dev->compute_stream().record(*ready);
+  dev->h2d_stream().wait(*ready);
+  dev->h2d_stream().host_callback([&] { seen = produced.load(); });
+  dev->h2d_stream().synchronize();
+  CHECK(seen.load());
+  CHECK(event::elapsed_ms(*start, *ready) >= 25.0);
+  dev->compute_stream().host_callback([] { throw std::runtime_error("callback failed"); });
+  CHECK_THROWS_WITH(dev->compute_stream().synchronize(), Catch::Contains("callback failed"));
+  dev->compute_stream().synchronize();  // reported, so cleared
+}
+
+TEST_CASE("cuda errors are typed and name the call", "[cuda]") {
+  auto dev = open_device("cuda");
+  try {
+    (void)dev->memory().allocate(std::size_t{1} << 50);  // 1 PiB
+    FAIL("no error");
+  } catch (const out_of_capacity& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cuda hbm"));
+  }
+  CHECK_THROWS_AS(open_device("cuda:999"), device_error);
+}
+
+TEST_CASE("transfer engine routes on cuda", "[cuda]") {
+  auto dev = open_device("cuda");
+  transfer_engine engine(*dev, transfer_options{4 * mib, 4});
+  std::mt19937_64 gen(seed + 1);
+  const std::size_t bytes = 96 * mib + 5;
+  const auto data = random_bytes(bytes, gen);
+  std::vector<unsigned char> back(bytes, 0);
+  void* d = dev->memory().allocate(bytes);
+  engine.copy(d, memory_space::device, data.data(), memory_space::host, bytes)->synchronize();
+  engine.copy(back.data(), memory_space::host, d, memory_space::device, bytes)->synchronize();
+  CHECK(back == data);
+  CHECK(engine.link("h2d").bytes == bytes);
+  CHECK(engine.link("h2d").achieved_gbps() > 1.0);
+  dev->memory().deallocate(d, bytes);
+}
+
+int main(int argc, char** argv) {
+  std::string why;
+  try {
+    auto dev = open_device("cuda");
+  } catch (const std::exception& e) {
+    std::printf("SKIPPED: %s\n", e.what());
+    return skip_return_code;
+  }
+  seed = std::random_device{}();
+  std::printf("cuda device tests: seed %llu\n", static_cast<unsigned long long>(seed));
+  return Catch::Session().run(argc, argv);
+}
