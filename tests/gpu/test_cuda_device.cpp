@@ -12,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/numa_resource.hpp"
 #include "tierflow/pinned_resource.hpp"
@@ -24,14 +25,6 @@ namespace {
 constexpr int skip_return_code = 77;
 constexpr std::size_t mib = std::size_t{1} << 20;
 std::uint64_t seed = 0;
-
-std::vector<unsigned char> random_bytes(std::size_t n, std::mt19937_64& gen) {
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) {
-    b = static_cast<unsigned char>(gen() | 1);
-  }
-  return v;
-}
 
 }  // namespace
 
@@ -58,7 +51,7 @@ TEST_CASE("cuda copies from registered NUMA memory are bit-exact", "[cuda]") {
   pinned_resource registered(node0, dev->host_registration());
   for (int round = 0; round < 5; ++round) {
     const auto bytes = std::uniform_int_distribution<std::size_t>(1, 64 * mib + 77)(gen);
-    const auto data = random_bytes(bytes, gen);
+    const auto data = tierflow::test::random_bytes(bytes, gen);
     auto* host = static_cast<unsigned char*>(registered.allocate(bytes));
     std::memcpy(host, data.data(), bytes);
     void* d = dev->memory().allocate(bytes);
@@ -120,7 +113,7 @@ TEST_CASE("transfer engine routes on cuda", "[cuda]") {
   transfer_engine engine(*dev, transfer_options{4 * mib, 4});
   std::mt19937_64 gen(seed + 1);
   const std::size_t bytes = 96 * mib + 5;
-  const auto data = random_bytes(bytes, gen);
+  const auto data = tierflow::test::random_bytes(bytes, gen);
   std::vector<unsigned char> back(bytes, 0);
   void* d = dev->memory().allocate(bytes);
   engine.copy(d, memory_space::device, data.data(), memory_space::host, bytes)->synchronize();

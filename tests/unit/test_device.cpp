@@ -42,19 +42,6 @@ struct device_buffer {
   ~device_buffer() { dev.memory().deallocate(p, bytes); }
 };
 
-std::vector<unsigned char> random_bytes(std::size_t n, std::mt19937_64& gen) {
-  std::vector<unsigned char> v(n);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const auto x = gen() | 0x0101010101010101ULL;  // never zero bytes
-    std::memcpy(&v[i], &x, 8);
-  }
-  for (; i < n; ++i) {
-    v[i] = static_cast<unsigned char>(gen() | 1);
-  }
-  return v;
-}
-
 double seconds(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
@@ -133,7 +120,7 @@ TEST_CASE("copies are bit-exact at odd sizes and offsets", "[device]") {
   for (int round = 0; round < 12; ++round) {
     const auto bytes = std::uniform_int_distribution<std::size_t>(1, 9 * mib + 333)(gen);
     const auto offset = std::uniform_int_distribution<std::size_t>(0, 4095)(gen);
-    const auto source = random_bytes(bytes, gen);
+    const auto source = test::random_bytes(bytes, gen);
     std::vector<unsigned char> back(bytes + offset + 7, 0);
     device_buffer a(*dev, bytes + offset + 64);
     device_buffer b(*dev, bytes + 2 * offset + 64);
@@ -158,7 +145,7 @@ TEST_CASE("copies are bit-exact at odd sizes and offsets", "[device]") {
 TEST_CASE("the link caps bandwidth", "[device][link]") {
   const std::size_t bytes = 256 * mib;
   auto gen = test::rng(401);
-  const auto source = random_bytes(bytes, gen);
+  const auto source = test::random_bytes(bytes, gen);
   for (double cap : {2.0, 5.0, 10.0}) {
     auto dev = make_device(cap);
     device_buffer target(*dev, bytes);

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace tierflow::test {
 
@@ -38,6 +40,20 @@ inline std::uint64_t seed() {
 /** A generator seeded from seed() and @p stream, so each test draws its own sequence. */
 inline std::mt19937_64 rng(std::uint64_t stream) {
   return std::mt19937_64(seed() ^ (stream * 0x9e3779b97f4a7c15ULL));
+}
+
+/** @p n random bytes, none of them zero. */
+inline std::vector<unsigned char> random_bytes(std::size_t n, std::mt19937_64& gen) {
+  std::vector<unsigned char> v(n);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const auto word = gen() | 0x0101010101010101ULL;  // no zero byte
+    std::memcpy(&v[i], &word, 8);
+  }
+  for (; i < n; ++i) {
+    v[i] = static_cast<unsigned char>(gen() | 1);
+  }
+  return v;
 }
 
 /** tests/data, as configured by CMake. */

@@ -25,14 +25,6 @@ std::unique_ptr<emulated_device> make_device(double gbps) {
   return emulated_device::create(o);
 }
 
-std::vector<unsigned char> random_bytes(std::size_t n, std::mt19937_64& gen) {
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) {
-    b = static_cast<unsigned char>(gen() | 1);
-  }
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("every route moves the bytes exactly", "[transfer]") {
@@ -43,7 +35,7 @@ TEST_CASE("every route moves the bytes exactly", "[transfer]") {
   for (int round = 0; round < 6; ++round) {
     const auto bytes = std::uniform_int_distribution<std::size_t>(1, 7 * mib + 4321)(gen);
     INFO("round " << round << " bytes " << bytes);
-    const auto source = random_bytes(bytes, gen);
+    const auto source = test::random_bytes(bytes, gen);
     void* d1 = dev->memory().allocate(bytes);
     void* d2 = dev->memory().allocate(bytes);
     std::vector<unsigned char> pinned(bytes), back(bytes, 0), host_copy(bytes, 0);
