@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tierflow builds with, when any is missing. Sourced by
+# Installs the Debian packages tierflow builds and tests with (QEMU, busybox and cpio for the
+# multi-node VM test), when any is missing. Sourced by
 # scripts/main.sh and scripts/test.sh; needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -7,6 +8,7 @@ tierflow_packages=(
   build-essential cmake ninja-build pkg-config
   libhwloc-dev libnuma-dev
   catch2 libcli11-dev nlohmann-json3-dev
+  qemu-system-x86 busybox-static cpio python3
 )
 
 tierflow_install_packages() {

@@ -1,0 +1,78 @@
+"""Checks the multi-node VM's serial log: the topology tierflow saw, and the tests' verdict."""
+import json
+import sys
+
+
+def section(lines, name):
+    begin = f"TIERFLOW-VM-{name}-BEGIN"
+    out, inside, status = [], False, None
+    for line in lines:
+        if line.startswith(begin):
+            inside = True
+        elif line.startswith(f"TIERFLOW-VM-{name}-END"):
+            status = line.split()[-1] if len(line.split()) > 1 else None
+            break
+        elif inside:
+            out.append(line)
+    return out, status
+
+
+def main(path):
+    lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+    # Console resets and kernel messages can share a line with a marker: start at the marker.
+    lines = [l[l.index("TIERFLOW-VM-"):] if "TIERFLOW-VM-" in l else l for l in lines]
+    failures = []
+    kernel = [l for l in lines if l.startswith("TIERFLOW-VM-KERNEL")]
+    print(kernel[0] if kernel else "kernel: unknown")
+    table, _ = section(lines, "TABLE")
+    print("\n".join(table))
+
+    topo_lines, status = section(lines, "TOPO")
+    if status != "0":
+        failures.append(f"tierflow topo --json exited {status}")
+    try:
+        topo = json.loads("\n".join(l for l in topo_lines if not l.startswith("[")))
+    except json.JSONDecodeError as e:
+        failures.append(f"tierflow topo --json printed no JSON ({e})")
+        topo = {"tiers": [], "nodes": []}
+    tiers = [(t["name"], t["kind"], t["nodes"]) for t in topo["tiers"]]
+    want = [("dram0", "dram", [0]), ("cxl0", "cxl", [1]), ("cxl1", "cxl", [2])]
+    if tiers != want:
+        failures.append(f"tiers {tiers}, expected {want}")
+    hmat = {(1, 0): (20000, 100), (1, 1): (5000, 300), (1, 2): (2000, 600)}
+    for t in topo["tiers"]:
+        if not t["nodes"]:
+            continue
+        node = t["nodes"][0]
+        bw = t["perf"]["read_bandwidth_mbps"]
+        lat = t["perf"]["read_latency_ns"]
+        want_bw, want_lat = hmat[(1, node)]
+        if bw["source"] != "hmat" or lat["source"] != "hmat":
+            failures.append(f"{t['name']}: performance not from HMAT: {bw}, {lat}")
+            continue
+        # QEMU's G may be 10^9 or 2^30: accept either.
+        if not (0.9 * want_bw <= bw["value"] <= 1.1 * want_bw * 1.074):
+            failures.append(f"{t['name']}: read bandwidth {bw['value']} MB/s, expected ~{want_bw}")
+        if lat["value"] != want_lat:
+            failures.append(f"{t['name']}: read latency {lat['value']} ns, expected {want_lat}")
+    tiers_by_node = {n["id"]: n.get("memory_tier") for n in topo["nodes"]}
+    print("memory tiers by node:", tiers_by_node)
+
+    test_lines, test_status = section(lines, "TESTS")
+    print("\n".join(test_lines[-25:]))
+    if test_status != "0":
+        failures.append(f"multi-node tests exited {test_status}")
+
+    if failures:
+        print("--- the guest's serial log (last 80 lines) ---")
+        print("\n".join(lines[-80:]))
+        print("VM CHECK FAILED:")
+        for f in failures:
+            print("  -", f)
+        return 1
+    print("VM CHECK PASSED")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

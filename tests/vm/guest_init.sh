@@ -1,0 +1,19 @@
+#!/bin/sh
+# /init of the multi-node VM: runs tierflow inside and prints results between markers.
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo "TIERFLOW-VM-KERNEL $(cat /proc/version)"
+echo "TIERFLOW-VM-TOPO-BEGIN"
+/bin/tierflow topo --json
+echo "TIERFLOW-VM-TOPO-END $?"
+echo "TIERFLOW-VM-TABLE-BEGIN"
+/bin/tierflow topo
+echo "TIERFLOW-VM-TABLE-END"
+echo "TIERFLOW-VM-TESTS-BEGIN"
+/bin/multinode_tests --reporter compact --success >/tmp/tests.log 2>&1
+status=$?
+tail -n 60 /tmp/tests.log
+echo "TIERFLOW-VM-TESTS-END $status"
+echo "TIERFLOW-VM-DONE"
+poweroff -f
