@@ -68,7 +68,7 @@ TEST_CASE("a stream runs its work in order", "[device]") {
   CHECK(s.query());
 }
 
-TEST_CASE("events order work across streams", "[device]") {
+TEST_CASE("events order work across streams", "[timing][device]") {
   auto dev = make_device();
   auto start = dev->create_event();
   auto ready = dev->create_event();
@@ -142,7 +142,7 @@ TEST_CASE("copies are bit-exact at odd sizes and offsets", "[device]") {
   }
 }
 
-TEST_CASE("the link caps bandwidth", "[device][link]") {
+TEST_CASE("the link caps bandwidth", "[timing][device][link]") {
   const std::size_t bytes = 256 * mib;
   auto gen = test::rng(401);
   const auto source = test::random_bytes(bytes, gen);
@@ -167,7 +167,8 @@ TEST_CASE("the link caps bandwidth", "[device][link]") {
   }
 }
 
-TEST_CASE("full duplex runs both directions at once; half duplex shares", "[device][link]") {
+TEST_CASE("full duplex runs both directions at once; half duplex shares",
+          "[timing][device][link]") {
   const std::size_t bytes = 32 * mib;  // 32 ms each way at 1 GB/s
   std::vector<unsigned char> host_in(bytes, 7), host_out(bytes, 0);
   for (bool full : {true, false}) {
@@ -190,7 +191,7 @@ TEST_CASE("full duplex runs both directions at once; half duplex shares", "[devi
   }
 }
 
-TEST_CASE("latency is added to every transfer", "[device][link]") {
+TEST_CASE("latency is added to every transfer", "[timing][device][link]") {
   auto dev = make_device(100.0, true, 2ms);
   std::vector<unsigned char> host(4096, 3);
   device_buffer d(*dev, 4096);
@@ -258,7 +259,7 @@ TEST_CASE("device memory has a cap and injectable failures", "[device][faults]")
   CHECK(dev->memory_free_bytes() == std::uint64_t{1} << 30);
 }
 
-TEST_CASE("a delayed stream stalls its next operation", "[device][faults]") {
+TEST_CASE("a delayed stream stalls its next operation", "[timing][device][faults]") {
   auto dev = make_device();
   dev->delay_stream(dev->compute_stream(), 40ms);
   const auto t0 = clock_type::now();

@@ -58,7 +58,7 @@ TEST_CASE("every route moves the bytes exactly", "[transfer]") {
   }
 }
 
-TEST_CASE("links are accounted: bytes, transfers, achieved bandwidth", "[transfer]") {
+TEST_CASE("links are accounted: bytes, transfers, achieved bandwidth", "[timing][transfer]") {
   auto dev = make_device(4.0);
   transfer_engine engine(*dev, transfer_options{2 * mib, 4});
   const std::size_t bytes = 48 * mib;
