@@ -1,5 +1,6 @@
 // tierflow topo: what memory this machine has, as a table or as JSON (keys in README.md).
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -12,8 +13,10 @@
 #include "format.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
+#include "tierflow/numa_resource.hpp"
 #include "tierflow/settings.hpp"
 #include "tierflow/topology.hpp"
+#include "tierflow/where.hpp"
 
 namespace tierflow::cli {
 namespace {
@@ -30,7 +33,48 @@ struct topo_options {
   std::string config;
   int initiator = -1;
   bool no_hwloc = false;
+  bool verify = false;
 };
+
+// --verify: a small allocation bound to each NUMA tier, populated, and located page by page.
+struct tier_check {
+  std::string tier;
+  std::size_t bytes = 0;
+  std::size_t total_pages = 0;
+  std::size_t pages_on_tier = 0;
+  std::string error;
+  [[nodiscard]] bool ok() const { return error.empty() && pages_on_tier == total_pages; }
+};
+
+std::vector<tier_check> verify_tiers(const topology& topo) {
+  constexpr std::size_t bytes = std::size_t{16} << 20;
+  std::vector<tier_check> checks;
+  for (const auto& t : topo.tiers()) {
+    if (t.nodes.empty()) {
+      continue;
+    }
+    tier_check check;
+    check.tier = t.name;
+    check.bytes = bytes;
+    try {
+      numa_resource_options o;
+      o.nodes = t.nodes;
+      o.populate = true;
+      numa_resource resource(o);
+      void* p = resource.allocate(bytes);
+      const auto r = where(p, bytes);
+      resource.deallocate(p, bytes);
+      check.total_pages = r.total_pages;
+      for (const auto& n : t.nodes) {
+        check.pages_on_tier += r.pages_on(n.value);
+      }
+    } catch (const std::exception& e) {
+      check.error = e.what();
+    }
+    checks.push_back(std::move(check));
+  }
+  return checks;
+}
 
 std::vector<int> ids_of(const std::vector<numa_node_id>& nodes) {
   std::vector<int> ids;
@@ -220,6 +264,9 @@ action add_topo_command(CLI::App& app) {
                       "Node that tier kinds are relative to (default: GPU 0's nearest node, else "
                       "the first node with CPUs)");
   cmd->add_flag("--no-hwloc", options->no_hwloc, "Do not consult hwloc");
+  cmd->add_flag("--verify", options->verify,
+                "Allocate 16 MiB bound to each NUMA tier and check where its pages land "
+                "(live machine only)");
 
   return [options, initiator]() {
     discovery_options discover;
@@ -245,13 +292,43 @@ action add_topo_command(CLI::App& app) {
                                                 : settings::from_file(options->config);
     discover.config = &config;
 
+    if (options->verify && (discover.hwloc_xml || discover.sysfs_root != "/")) {
+      throw input_error("--verify",
+                        "needs the live machine (not --hwloc-xml or --sysfs-root): it allocates");
+    }
     const auto topo = topology::discover(discover);
+    const auto checks = options->verify ? verify_tiers(topo) : std::vector<tier_check>{};
+    const bool all_ok =
+        std::all_of(checks.begin(), checks.end(), [](const tier_check& c) { return c.ok(); });
     if (options->json_output) {
-      std::cout << to_json(topo).dump(2) << '\n';
+      auto doc = to_json(topo);
+      if (options->verify) {
+        doc["verify"] = json::array();
+        for (const auto& c : checks) {
+          doc["verify"].push_back(json{{"tier", c.tier},
+                                       {"bytes", c.bytes},
+                                       {"total_pages", c.total_pages},
+                                       {"pages_on_tier", c.pages_on_tier},
+                                       {"ok", c.ok()},
+                                       {"error", c.error.empty() ? json(nullptr) : json(c.error)}});
+        }
+      }
+      std::cout << doc.dump(2) << '\n';
     } else {
       print_table(topo);
+      if (options->verify) {
+        std::printf("\nVerify (16 MiB bound to each tier, pages located with move_pages)\n");
+        for (const auto& c : checks) {
+          if (!c.error.empty()) {
+            std::printf("  %-14s FAILED: %s\n", c.tier.c_str(), c.error.c_str());
+          } else {
+            std::printf("  %-14s %zu of %zu pages on the tier's nodes: %s\n", c.tier.c_str(),
+                        c.pages_on_tier, c.total_pages, c.ok() ? "ok" : "MISPLACED");
+          }
+        }
+      }
     }
-    return exit_ok;
+    return all_ok ? exit_ok : exit_failure;
   };
 }
 

@@ -181,6 +181,24 @@ TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
       "env TIERFLOW_TIERS: unknown tier kind 'ssd'");
 }
 
+TEST_CASE("topo --verify places a buffer in each tier and finds it there", "[cli][live]") {
+  const auto r = run_cli({"topo", "--json", "--verify"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto doc = json::parse(r.out);
+  REQUIRE(doc.at("verify").size() >= 1);
+  for (const auto& c : doc.at("verify")) {
+    CHECK(c.at("ok") == true);
+    CHECK(c.at("total_pages").get<std::size_t>() == (16u << 20) / 4096);
+    CHECK(c.at("pages_on_tier") == c.at("total_pages"));
+  }
+  const auto table = run_cli({"topo", "--verify"});
+  CHECK_THAT(table.out, Catch::Contains("4096 of 4096 pages on the tier's nodes: ok"));
+  check_one_line_error(
+      run_cli({"topo", "--verify", "--sysfs-root", tierflow::test::sysfs_fixture("laptop")}),
+      "--verify: needs the live machine");
+}
+
 TEST_CASE("tierflow --version and --help", "[cli]") {
   const auto version = run_cli({"--version"});
   CHECK(version.exit_code == 0);

@@ -55,6 +55,18 @@ def main(path):
             failures.append(f"{t['name']}: read bandwidth {bw['value']} MB/s, expected ~{want_bw}")
         if lat["value"] != want_lat:
             failures.append(f"{t['name']}: read latency {lat['value']} ns, expected {want_lat}")
+    verify_lines, verify_status = section(lines, "VERIFY")
+    try:
+        checks = json.loads("\n".join(l for l in verify_lines if not l.startswith("["))).get(
+            "verify", [])
+    except json.JSONDecodeError as e:
+        checks = []
+        failures.append(f"tierflow topo --verify printed no JSON ({e})")
+    if verify_status != "0" or len(checks) != 3 or not all(c["ok"] for c in checks):
+        failures.append(f"tierflow topo --verify (exit {verify_status}): {checks}")
+    else:
+        print("topo --verify:", ", ".join(f"{c['tier']} {c['pages_on_tier']}/{c['total_pages']}"
+                                         for c in checks))
     tiers_by_node = {n["id"]: n.get("memory_tier") for n in topo["nodes"]}
     print("memory tiers by node:", tiers_by_node)
 

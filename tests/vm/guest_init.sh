@@ -7,6 +7,9 @@ echo "TIERFLOW-VM-KERNEL $(cat /proc/version)"
 echo "TIERFLOW-VM-TOPO-BEGIN"
 /bin/tierflow topo --json
 echo "TIERFLOW-VM-TOPO-END $?"
+echo "TIERFLOW-VM-VERIFY-BEGIN"
+/bin/tierflow topo --verify --json
+echo "TIERFLOW-VM-VERIFY-END $?"
 echo "TIERFLOW-VM-TABLE-BEGIN"
 /bin/tierflow topo
 echo "TIERFLOW-VM-TABLE-END"
