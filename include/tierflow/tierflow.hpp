@@ -7,6 +7,7 @@
 #include "tierflow/device.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
+#include "tierflow/exporters.hpp"
 #include "tierflow/limit_resource.hpp"
 #include "tierflow/log.hpp"
 #include "tierflow/memory_resource.hpp"
