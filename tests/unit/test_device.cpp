@@ -151,17 +151,24 @@ TEST_CASE("the link caps bandwidth", "[timing][device][link]") {
     device_buffer target(*dev, bytes);
     // Warm: fault the device pages in first, so the timed copy is the link, not page faults.
     std::memset(target.p, 1, bytes);
-    auto before = dev->create_event();
-    auto after = dev->create_event();
-    dev->h2d_stream().record(*before);
-    dev->copy_async(target.p, source.data(), bytes, copy_kind::h2d, dev->h2d_stream());
-    dev->h2d_stream().record(*after);
-    dev->h2d_stream().synchronize();
-    const double gbps = static_cast<double>(bytes) / (event::elapsed_ms(*before, *after) * 1e6);
-    INFO("cap " << cap << " GB/s measured " << gbps);
-    CHECK(gbps <= cap * 1.10);  // never faster than the cap
+    // A shared 2-core machine can only slow a copy down, never speed it past the cap: every
+    // attempt must stay under the cap, and the best of three must be within 10% of it.
+    double best = 0.0;
+    for (int attempt = 0; attempt < 3 && !(best >= 0.9 * cap); ++attempt) {
+      auto before = dev->create_event();
+      auto after = dev->create_event();
+      dev->h2d_stream().record(*before);
+      dev->copy_async(target.p, source.data(), bytes, copy_kind::h2d, dev->h2d_stream());
+      dev->h2d_stream().record(*after);
+      dev->h2d_stream().synchronize();
+      const double gbps = static_cast<double>(bytes) / (event::elapsed_ms(*before, *after) * 1e6);
+      INFO("cap " << cap << " GB/s, attempt " << attempt << " measured " << gbps);
+      CHECK(gbps <= cap * 1.10);  // never faster than the cap
+      best = std::max(best, gbps);
+    }
+    INFO("cap " << cap << " GB/s, best of three " << best);
     if (!test::under_sanitizer) {
-      CHECK(gbps == Approx(cap).epsilon(0.10));
+      CHECK(best == Approx(cap).epsilon(0.10));
     }
     CHECK(std::memcmp(target.p, source.data(), bytes) == 0);
   }

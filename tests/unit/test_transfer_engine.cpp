@@ -75,10 +75,11 @@ TEST_CASE("links are accounted: bytes, transfers, achieved bandwidth", "[timing]
   const auto h2d = engine.link("h2d");
   CHECK(h2d.bytes == 2 * bytes);
   CHECK(h2d.transfers == 2);
-  if (!test::under_sanitizer) {
-    CHECK(h2d.achieved_gbps() == Approx(4.0).epsilon(0.15));
-  }
+  // Busy time is the link's: never shorter than bytes / cap (the cap's accuracy itself is the
+  // device tests' business).
+  CHECK(h2d.achieved_gbps() > 0.0);
   CHECK(h2d.achieved_gbps() <= 4.0 * 1.1);
+  CHECK(h2d.busy_seconds >= 0.9 * static_cast<double>(2 * bytes) / 4e9);
   CHECK(engine.link("d2h").bytes == bytes / 2);
   CHECK(engine.link("nothing").bytes == 0);
   const auto doc = nlohmann::json::parse(engine.links_json());
