@@ -181,12 +181,16 @@ TEST_CASE("full duplex runs both directions at once; half duplex shares",
   for (bool full : {true, false}) {
     auto dev = make_device(1.0, full);
     device_buffer a(*dev, bytes), b(*dev, bytes);
-    const auto t0 = clock_type::now();
-    dev->copy_async(a.p, host_in.data(), bytes, copy_kind::h2d, dev->h2d_stream());
-    dev->copy_async(host_out.data(), b.p, bytes, copy_kind::d2h, dev->d2h_stream());
-    dev->synchronize();
-    const double elapsed = seconds(t0);
     const double one_way = static_cast<double>(bytes) / 1e9;
+    // Load only slows copies down: the fastest of up to three tries speaks for the link.
+    double elapsed = 1e9;
+    for (int attempt = 0; attempt < 3 && !(full && elapsed < 1.5 * one_way); ++attempt) {
+      const auto t0 = clock_type::now();
+      dev->copy_async(a.p, host_in.data(), bytes, copy_kind::h2d, dev->h2d_stream());
+      dev->copy_async(host_out.data(), b.p, bytes, copy_kind::d2h, dev->d2h_stream());
+      dev->synchronize();
+      elapsed = std::min(elapsed, seconds(t0));
+    }
     INFO((full ? "full" : "half") << " duplex: " << elapsed << " s, one way " << one_way);
     if (full) {
       if (!test::under_sanitizer) {
