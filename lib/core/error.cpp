@@ -7,10 +7,9 @@
 namespace tierflow {
 namespace {
 
-// Long or multi-line offending text would break the one-line error contract: show the start
-// of it, with control characters made visible.
-std::string printable_excerpt(const std::string& text) {
-  constexpr std::size_t max_chars = 80;
+// An error is one line: control characters in any part of it (user text ends up in the
+// problem too, e.g. an unknown key) are made visible. The offending text is also shortened.
+std::string printable(const std::string& text, std::size_t max_chars) {
   std::string out;
   for (char c : text) {
     if (out.size() >= max_chars) {
@@ -30,9 +29,14 @@ std::string printable_excerpt(const std::string& text) {
   return out;
 }
 
+std::string printable_excerpt(const std::string& text) {
+  return printable(text, 80);
+}
+
 std::string format_input_error(const std::string& source, const std::string& problem,
                                const std::string& excerpt) {
-  std::string message = source + ": " + problem;
+  constexpr std::size_t unlimited = std::string::npos;
+  std::string message = printable(source, unlimited) + ": " + printable(problem, unlimited);
   if (!excerpt.empty()) {
     message += ": '" + excerpt + "'";
   }

@@ -7,6 +7,9 @@
 #include <memory>
 
 #include <hwloc.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace tierflow::detail::platform {
 namespace {
@@ -127,7 +130,56 @@ void collect_gpus(hwloc_topology_t topo, std::vector<hwloc_gpu_facts>& out) {
 
 }  // namespace
 
+namespace {
+
+// hwloc 2.9 can crash on some malformed XML (found by fuzz_hwloc_xml: a NULL read in
+// hwloc_bitmap_compare_first during load). Loading a user's file first in a child process
+// turns such a crash into an error instead of taking the caller down.
+constexpr int refused_cleanly = 3;
+
+int check_in_child(const char* xml_path, std::string& error) noexcept {
+  const pid_t child = ::fork();
+  if (child < 0) {
+    return 0;  // cannot isolate: load it directly
+  }
+  if (child == 0) {
+    // Die plainly on a fault: no crash handler of the parent's (a sanitizer's, a fuzzer's)
+    // should run in this throwaway copy.
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
+      ::signal(sig, SIG_DFL);
+    }
+    hwloc_topology_t topo = nullptr;
+    int code = refused_cleanly;
+    if (hwloc_topology_init(&topo) == 0) {
+      if (hwloc_topology_set_xml(topo, xml_path) == 0 && hwloc_topology_load(topo) == 0) {
+        code = 0;
+      }
+      hwloc_topology_destroy(topo);
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  // A signal, or any other exit status (a sanitizer reports a crash and exits 1), is a crash.
+  if (WIFSIGNALED(status) ||
+      (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != refused_cleanly)) {
+    error = WIFSIGNALED(status) ? "hwloc crashed reading this XML (signal " +
+                                      std::to_string(WTERMSIG(status)) + "): the file is malformed"
+                                : "hwloc crashed reading this XML: the file is malformed";
+    return EINVAL;
+  }
+  return 0;  // loaded, or refused cleanly: the real load below reports which
+}
+
+}  // namespace
+
 int hwloc_probe(const char* xml_path, hwloc_facts& out, std::string& error) noexcept {
+  if (xml_path != nullptr) {
+    if (const int code = check_in_child(xml_path, error); code != 0) {
+      return code;
+    }
+  }
   try {
     hwloc_topology_t raw = nullptr;
     if (hwloc_topology_init(&raw) != 0) {

@@ -53,6 +53,18 @@ TEST_CASE("malformed config files name the line", "[settings]") {
   }
 }
 
+TEST_CASE("errors stay one line whatever the input holds", "[settings]") {
+  // Found by fuzz_specs: user text quoted in the problem carried its newline into the message.
+  try {
+    (void)settings::from_text("col\nour\x01 = 1\n", "f.conf");
+    FAIL("no error");
+  } catch (const input_error& e) {
+    CHECK(std::string(e.what()).find('\n') == std::string::npos);
+  }
+  const input_error e("src\nfile", "bad 'x\ny'", "a\nb");
+  CHECK(std::string(e.what()) == "src\\nfile: bad 'x\\ny': 'a\\nb'");
+}
+
 TEST_CASE("config files are read from disk and TIERFLOW_CONFIG", "[settings]") {
   tierflow::test::scratch_dir dir;
   const auto path = dir.path() / "tierflow.conf";
