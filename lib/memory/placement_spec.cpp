@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "tierflow/detail/enum_names.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
@@ -79,21 +80,11 @@ std::vector<std::string> resolve_reference(std::string_view reference, const top
 }  // namespace
 
 std::string_view to_string(data_class value) noexcept {
-  for (const auto& [c, name] : class_names) {
-    if (c == value) {
-      return name;
-    }
-  }
-  return "unknown";
+  return detail::name_in(class_names, value);
 }
 
 std::optional<data_class> parse_data_class(std::string_view name) noexcept {
-  for (const auto& [c, known] : class_names) {
-    if (known == name) {
-      return c;
-    }
-  }
-  return std::nullopt;
+  return detail::value_in<data_class>(class_names, name);
 }
 
 placement_spec placement_spec::defaults(const topology& topo) {

@@ -1,6 +1,7 @@
 #include <array>
 #include <utility>
 
+#include "tierflow/detail/enum_names.hpp"
 #include "tierflow/topology.hpp"
 
 namespace tierflow {
@@ -15,21 +16,11 @@ constexpr std::array<std::pair<tier_kind, std::string_view>, 5> tier_kind_names{
 }  // namespace
 
 std::string_view to_string(tier_kind kind) noexcept {
-  for (const auto& [k, name] : tier_kind_names) {
-    if (k == kind) {
-      return name;
-    }
-  }
-  return "unknown";
+  return detail::name_in(tier_kind_names, kind);
 }
 
 std::optional<tier_kind> parse_tier_kind(std::string_view name) noexcept {
-  for (const auto& [k, known] : tier_kind_names) {
-    if (known == name) {
-      return k;
-    }
-  }
-  return std::nullopt;
+  return detail::value_in<tier_kind>(tier_kind_names, name);
 }
 
 std::string_view to_string(attr_source source) noexcept {
