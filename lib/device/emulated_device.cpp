@@ -16,6 +16,7 @@
 #include "device/device_internal.hpp"
 #include "platform/numa.hpp"
 #include "platform/stream_copy.hpp"
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -58,7 +59,7 @@ class parallel_copier {
       platform::stream_copy(dst, src, bytes);
       return;
     }
-    const std::size_t piece = (bytes / parts + 4095) / 4096 * 4096;
+    const std::size_t piece = detail::round_up(bytes / parts, 4096);
     std::latch done(static_cast<std::ptrdiff_t>(parts - 1));
     {
       const std::lock_guard lock(mutex_);
@@ -419,9 +420,7 @@ class emulated_hbm final : public memory_resource {
     platform::unmap(p, round(bytes));
     used_.fetch_sub(round(bytes));
   }
-  static std::uint64_t round(std::size_t bytes) {
-    return (static_cast<std::uint64_t>(bytes) + 4095) / 4096 * 4096;
-  }
+  static std::uint64_t round(std::size_t bytes) { return detail::round_up(bytes, 4096); }
   std::uint64_t capacity_;
   std::atomic<std::uint64_t> used_{0};
   std::atomic<unsigned> fail_countdown_{0};

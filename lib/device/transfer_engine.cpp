@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -141,7 +142,7 @@ void transfer_engine::chunked(void* dst, const void* src, std::size_t bytes, cop
 char* transfer_engine::bounce(std::size_t slot) {
   if (bounce_ == nullptr) {
     bounce_bytes_ = options_.chunk_bytes * options_.chunks_in_flight;
-    bounce_bytes_ = (bounce_bytes_ + 4095) / 4096 * 4096;
+    bounce_bytes_ = detail::round_up(bounce_bytes_, 4096);
     bounce_ = std::aligned_alloc(4096, bounce_bytes_);
     if (bounce_ == nullptr) {
       throw out_of_capacity("transfer_engine bounce buffers", bounce_bytes_, {});

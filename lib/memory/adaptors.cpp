@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "platform/numa.hpp"
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/limit_resource.hpp"
 #include "tierflow/log.hpp"
@@ -96,8 +97,7 @@ class mlock_locker final : public page_locker {
 };
 
 std::size_t round_to_pages(std::size_t bytes) {
-  const auto page = platform::page_size();
-  return (bytes + page - 1) / page * page;
+  return detail::round_up(bytes, platform::page_size());
 }
 
 }  // namespace

@@ -21,10 +21,6 @@ namespace {
 constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 constexpr std::size_t populate_piece_bytes = std::size_t{32} << 20;
 
-std::size_t round_up(std::size_t value, std::size_t unit) {
-  return (value + unit - 1) / unit * unit;
-}
-
 std::string node_list(const std::vector<int>& nodes) {
   return detail::format_id_list(nodes);
 }
@@ -100,7 +96,7 @@ std::string numa_resource::effective_policy() const {
 }
 
 std::size_t numa_resource::mapping_bytes(std::size_t bytes) const noexcept {
-  return round_up(bytes, platform::page_size());
+  return detail::round_up(bytes, platform::page_size());
 }
 
 void* numa_resource::do_allocate(std::size_t bytes, std::size_t alignment) {

@@ -5,6 +5,7 @@
 #include <exception>
 #include <thread>
 
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -15,16 +16,12 @@ namespace {
 constexpr std::size_t block_granularity = 256;
 constexpr std::size_t chunk_alignment = 4096;
 
-std::size_t round_up(std::size_t value, std::size_t unit) {
-  return (value + unit - 1) / unit * unit;
-}
-
 }  // namespace
 
 pool_resource::pool_resource(memory_resource& upstream, pool_options options)
     : upstream_(upstream), options_(options) {
   TIERFLOW_EXPECTS(options_.chunk_bytes > 0, "pool_resource: chunk_bytes must be above 0");
-  options_.chunk_bytes = round_up(options_.chunk_bytes, chunk_alignment);
+  options_.chunk_bytes = detail::round_up(options_.chunk_bytes, chunk_alignment);
   if (options_.dedicated_bytes == 0) {
     options_.dedicated_bytes = std::max<std::size_t>(options_.chunk_bytes / 20, 1);
   }
@@ -122,7 +119,7 @@ void* pool_resource::take_from_free_list(std::size_t bytes, std::size_t alignmen
 }
 
 void* pool_resource::do_allocate(std::size_t bytes, std::size_t alignment) {
-  const std::size_t size = round_up(bytes, block_granularity);
+  const std::size_t size = detail::round_up(bytes, block_granularity);
   if (size < bytes) {
     throw out_of_capacity(name(), bytes, {});
   }
@@ -135,7 +132,7 @@ void* pool_resource::do_allocate(std::size_t bytes, std::size_t alignment) {
       }
     }
     const std::size_t extra = alignment > chunk_alignment ? alignment : 0;
-    const std::size_t exact = round_up(size + extra, chunk_alignment);
+    const std::size_t exact = detail::round_up(size + extra, chunk_alignment);
     grow(size >= options_.dedicated_bytes ? exact : std::max(options_.chunk_bytes, exact), bytes);
   }
 }
@@ -179,7 +176,7 @@ void pool_resource::do_deallocate(void* pointer, std::size_t bytes, std::size_t)
     detail::log(log_level::error, name() + ": deallocate of a pointer it did not hand out");
     return;
   }
-  if (round_up(bytes, block_granularity) != it->second.bytes) {
+  if (detail::round_up(bytes, block_granularity) != it->second.bytes) {
     detail::log(log_level::error, name() + ": deallocate with " + std::to_string(bytes) +
                                       " bytes for an allocation of " +
                                       std::to_string(it->second.bytes));

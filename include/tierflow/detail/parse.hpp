@@ -6,6 +6,7 @@
  * came from and turns the failure into a tierflow::input_error.
  */
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -33,6 +34,12 @@ namespace tierflow::detail {
  */
 [[nodiscard]] std::optional<std::vector<int>> parse_id_list(std::string_view text,
                                                             int max_id = 1 << 20);
+
+/** @brief @p value rounded up to a multiple of @p unit (> 0); wraps to a smaller number on
+ *  overflow, which callers check (`result < value`). */
+[[nodiscard]] constexpr std::size_t round_up(std::size_t value, std::size_t unit) noexcept {
+  return (value + unit - 1) / unit * unit;
+}
 
 /** @brief @p value × @p numerator / @p denominator, rounded down, without overflow when
  *  numerator ≤ denominator. */
