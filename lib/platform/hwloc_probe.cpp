@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "platform/pci.hpp"
+
 namespace tierflow::detail::platform {
 namespace {
 
@@ -18,8 +20,6 @@ struct topology_deleter {
   void operator()(hwloc_topology* t) const noexcept { hwloc_topology_destroy(t); }
 };
 using topology_ptr = std::unique_ptr<hwloc_topology, topology_deleter>;
-
-constexpr unsigned nvidia_vendor_id = 0x10de;
 
 // Subtypes hwloc gives memory that has no CPUs of its own.
 bool is_memory_only_subtype(const std::string& subtype) {
@@ -108,8 +108,7 @@ void collect_gpus(hwloc_topology_t topo, std::vector<hwloc_gpu_facts>& out) {
   for (hwloc_obj_t pci = hwloc_get_next_pcidev(topo, nullptr); pci != nullptr;
        pci = hwloc_get_next_pcidev(topo, pci)) {
     const auto& attr = pci->attr->pcidev;
-    const unsigned base_class = attr.class_id;  // e.g. 0x0302
-    if (attr.vendor_id != nvidia_vendor_id || (base_class != 0x0300 && base_class != 0x0302)) {
+    if (!is_cuda_gpu(attr.vendor_id, attr.class_id)) {
       continue;
     }
     hwloc_gpu_facts gpu;

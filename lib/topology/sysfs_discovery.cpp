@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "platform/pci.hpp"
 #include "platform/sysfs.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
@@ -27,8 +28,6 @@ numa_node* machine_facts::find(int id) {
 }
 
 namespace {
-
-constexpr unsigned nvidia_vendor_id = 0x10de;
 
 std::optional<std::string> read_optional(const fs::path& path) {
   std::string text;
@@ -266,8 +265,7 @@ void read_pci_gpus(const fs::path& root, machine_facts& facts) {
     if (!device_class) {
       throw input_error((dir / "class").string(), "expected a hex class code", *class_text);
     }
-    const unsigned base_class = *device_class >> 8;  // 0x0300 VGA, 0x0302 3D controller
-    if (*vendor != nvidia_vendor_id || (base_class != 0x0300 && base_class != 0x0302)) {
+    if (!platform::is_cuda_gpu(*vendor, *device_class >> 8)) {
       continue;
     }
     gpu_device gpu;
