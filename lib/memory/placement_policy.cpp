@@ -98,13 +98,47 @@ struct placement_state {
     return room;
   }
 
+  // Counts (or stops counting) each part's share as held by its tier.
+  void hold(const resolved_choice& c, const std::vector<std::uint64_t>& part_shares,
+            bool take) noexcept {
+    for (std::size_t i = 0; i < c.parts.size(); ++i) {
+      auto& held = tiers[c.parts[i].first]->held;
+      take ? held.add(part_shares[i]) : held.sub(part_shares[i]);
+    }
+  }
+
+  // Whether every part of @p c has room for its share; each tier that has not is a spill
+  // (counted, logged once per class and tier, and added to @p tried). Caller holds mutex.
+  bool has_room(data_class cls, const resolved_choice& c,
+                const std::vector<std::uint64_t>& part_shares,
+                std::vector<out_of_capacity::tier_free>& tried) {
+    bool fits = resource_of(c) != nullptr;
+    for (std::size_t i = 0; i < c.parts.size(); ++i) {
+      auto& tier = *tiers[c.parts[i].first];
+      const auto room = available(tier);
+      if (tier.resource != nullptr && (!room || *room >= part_shares[i])) {
+        continue;
+      }
+      fits = false;
+      tier.spills_out += 1;
+      tried.push_back({tier.name, room.value_or(0)});
+      if (spills_logged.insert({cls, tier.name}).second) {
+        detail::log(log_level::info,
+                    "placement: " + std::string(to_string(cls)) + ": " + tier.name +
+                        (tier.resource == nullptr
+                             ? " has no memory resource attached"
+                             : " is full (" + format_byte_count(part_shares[i]) + " asked, " +
+                                   format_byte_count(room.value_or(0)) + " available)") +
+                        "; trying the next tier");
+      }
+    }
+    return fits;
+  }
+
   void release(std::size_t choice, void* pointer, std::size_t bytes, data_class cls) noexcept {
     const auto& c = choices[choice];
     resource_of(c)->deallocate(pointer, bytes);
-    const auto part_shares = shares(c, bytes);
-    for (std::size_t i = 0; i < c.parts.size(); ++i) {
-      tiers[c.parts[i].first]->held.sub(part_shares[i]);
-    }
+    hold(c, shares(c, bytes), false);
     const std::lock_guard lock(mutex);
     auto& per_tier = class_bytes[cls];
     auto it = per_tier.find(c.label);
@@ -237,61 +271,37 @@ void placement_policy::attach_resource(std::string_view tier_name, memory_resour
 tier_allocation placement_policy::allocate(data_class cls, std::size_t bytes) {
   auto& s = *state_;
   std::vector<out_of_capacity::tier_free> tried;
+  {
+    const std::lock_guard lock(s.mutex);
+    s.topo.refresh_memory();  // free memory moves: read it once per allocation
+  }
   const auto& order = s.class_choices.at(cls);
   for (std::size_t position = 0; position < order.size(); ++position) {
     const auto choice_index = order[position];
     const auto& choice = s.choices[choice_index];
     const auto part_shares = s.shares(choice, bytes);
-    memory_resource* resource = nullptr;
     {
       // Check room and take it under the lock, so concurrent allocations cannot both fit.
       const std::lock_guard lock(s.mutex);
-      if (s.topo.nodes().size() > 0) {
-        s.topo.refresh_memory();
-      }
-      resource = s.resource_of(choice);
-      bool fits = resource != nullptr;
-      for (std::size_t i = 0; i < choice.parts.size(); ++i) {
-        auto& tier = *s.tiers[choice.parts[i].first];
-        const auto room = s.available(tier);
-        if (tier.resource == nullptr || (room && *room < part_shares[i])) {
-          fits = false;
-          tier.spills_out += 1;
-          tried.push_back({tier.name, room.value_or(0)});
-          if (s.spills_logged.insert({cls, tier.name}).second) {
-            detail::log(log_level::info,
-                        "placement: " + std::string(to_string(cls)) + ": " + tier.name +
-                            (tier.resource == nullptr
-                                 ? " has no memory resource attached"
-                                 : " is full (" + format_byte_count(part_shares[i]) + " asked, " +
-                                       format_byte_count(room.value_or(0)) + " available)") +
-                            "; trying the next tier");
-          }
-        }
-      }
-      if (!fits) {
+      if (!s.has_room(cls, choice, part_shares, tried)) {
         continue;
       }
-      for (std::size_t i = 0; i < choice.parts.size(); ++i) {
-        s.tiers[choice.parts[i].first]->held.add(part_shares[i]);
-      }
+      s.hold(choice, part_shares, true);
     }
     void* pointer = nullptr;
     try {
-      pointer = resource->allocate(bytes);
+      pointer = s.resource_of(choice)->allocate(bytes);
     } catch (const out_of_capacity& e) {
+      s.hold(choice, part_shares, false);
       const std::lock_guard lock(s.mutex);
-      for (std::size_t i = 0; i < choice.parts.size(); ++i) {
-        auto& tier = *s.tiers[choice.parts[i].first];
-        tier.held.sub(part_shares[i]);
+      for (const auto& part : choice.parts) {
+        auto& tier = *s.tiers[part.first];
         tier.spills_out += 1;
         tried.push_back({tier.name, e.tiers().empty() ? 0 : e.tiers().front().free_bytes});
       }
       continue;
     } catch (...) {
-      for (std::size_t i = 0; i < choice.parts.size(); ++i) {
-        s.tiers[choice.parts[i].first]->held.sub(part_shares[i]);
-      }
+      s.hold(choice, part_shares, false);
       throw;
     }
     {
