@@ -82,7 +82,7 @@ class transfer_engine {
                event& done);
   void staged_h2d(void* dst, const void* src, std::size_t bytes, event& done);
   void staged_d2h(void* dst, const void* src, std::size_t bytes, event& done);
-  void track(std::string link, std::size_t bytes, std::unique_ptr<event> start);
+  void track(std::string link, std::size_t bytes, std::unique_ptr<event> start, stream& on);
   void harvest();
   char* bounce(std::size_t slot);
 

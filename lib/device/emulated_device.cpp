@@ -446,10 +446,6 @@ class emulated_device_impl final : public emulated_device {
     properties_.d2h_gbps = options_.link.d2h_gbps;
     properties_.full_duplex = options_.link.full_duplex;
   }
-  ~emulated_device_impl() override {
-    // Streams drain on destruction (members go in reverse order); nothing to do here.
-  }
-
   const device_properties& properties() const noexcept override { return properties_; }
   std::uint64_t memory_free_bytes() override { return hbm_.capacity() - hbm_.used(); }
   memory_resource& memory() override { return hbm_; }
@@ -480,11 +476,9 @@ class emulated_device_impl final : public emulated_device {
       const auto& link = options_.link;
       clock_type::time_point done_at{};
       if (kind == copy_kind::h2d) {
-        done_at = (link.full_duplex ? h2d_link_ : shared_link())
-                      .reserve(bytes, link.h2d_gbps, link.latency);
+        done_at = h2d_link_.reserve(bytes, link.h2d_gbps, link.latency);
       } else if (kind == copy_kind::d2h) {
-        done_at = (link.full_duplex ? d2h_link_ : shared_link())
-                      .reserve(bytes, link.d2h_gbps, link.latency);
+        done_at = d2h_channel().reserve(bytes, link.d2h_gbps, link.latency);
       }
       copier_.copy(dst, src, bytes);
       std::this_thread::sleep_until(done_at);
@@ -518,7 +512,8 @@ class emulated_device_impl final : public emulated_device {
                      "a stream of another device was given to this emulated device");
     return *s;
   }
-  link_channel& shared_link() { return h2d_link_; }
+  // Half duplex: D2H shares the H2D channel.
+  link_channel& d2h_channel() { return options_.link.full_duplex ? d2h_link_ : h2d_link_; }
 
   emulated_device_options options_;
   device_properties properties_;

@@ -12,10 +12,6 @@ namespace tierflow {
 
 namespace {
 
-std::string_view link_of(copy_kind kind) {
-  return to_string(kind);
-}
-
 // Waits for a bounce buffer's last DMA from an earlier transfer. Its failure was that
 // transfer's to report, not this one's.
 void settle(event& e) {
@@ -135,7 +131,7 @@ void transfer_engine::chunked(void* dst, const void* src, std::size_t bytes, cop
     device_.copy_async(static_cast<char*>(dst) + offset, static_cast<const char*>(src) + offset, n,
                        kind, on);
   }
-  track(std::string(link_of(kind)), bytes, std::move(start));
+  track(std::string(to_string(kind)), bytes, std::move(start), on);
   on.record(done);  // after the accounting's own end, so both have fired once `done` has
 }
 
@@ -181,7 +177,7 @@ void transfer_engine::staged_h2d(void* dst, const void* src, std::size_t bytes, 
     device_.copy_async(static_cast<char*>(dst) + offset, buffer, n, copy_kind::h2d, s);
     s.record(*slot_done_[slot]);
   }
-  track("h2d", bytes, std::move(start));
+  track("h2d", bytes, std::move(start), s);
   s.record(done);
 }
 
@@ -215,15 +211,13 @@ void transfer_engine::staged_d2h(void* dst, const void* src, std::size_t bytes, 
   for (std::size_t i = chunks > slots ? chunks - slots : 0; i < chunks; ++i) {
     drain(i);
   }
-  track("d2h", bytes, std::move(start));
+  track("d2h", bytes, std::move(start), s);
   s.record(done);
 }
 
-void transfer_engine::track(std::string link, std::size_t bytes, std::unique_ptr<event> start) {
+void transfer_engine::track(std::string link, std::size_t bytes, std::unique_ptr<event> start,
+                            stream& on) {
   // The caller's event is theirs to drop: the accounting records its own end.
-  auto& on = link == "h2d"   ? device_.h2d_stream()
-             : link == "d2h" ? device_.d2h_stream()
-                             : device_.compute_stream();
   auto finish = device_.create_event();
   on.record(*finish);
   const std::lock_guard lock(mutex_);
