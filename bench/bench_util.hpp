@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tierflow::bench {
 
 using clock_type = std::chrono::steady_clock;
@@ -35,6 +37,14 @@ inline summary summarize(std::vector<double> values) {
   const auto mid = values.size() / 2;
   s.median = values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
   return s;
+}
+
+/** A summary as JSON, its values multiplied by @p scale (e.g. 1e6 for seconds to us). */
+inline nlohmann::ordered_json summary_json(const summary& s, double scale = 1.0) {
+  return {{"median", s.median * scale},
+          {"min", s.min * scale},
+          {"max", s.max * scale},
+          {"samples", s.samples}};
 }
 
 /** Keeps the compiler from dropping a computation whose result is otherwise unused. */

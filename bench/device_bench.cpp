@@ -27,10 +27,6 @@ namespace {
 
 constexpr std::size_t mib = std::size_t{1} << 20;
 
-json summary_json(const summary& s) {
-  return json{{"median", s.median}, {"min", s.min}, {"max", s.max}, {"samples", s.samples}};
-}
-
 // Host memory bandwidth for copies of @p bytes, split over two threads as the emulated device
 // splits them.
 double host_memcpy_gbps(std::size_t bytes, int samples) {

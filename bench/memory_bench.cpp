@@ -36,13 +36,6 @@ numa_resource_options on_node(int node, bool populate, unsigned threads = 0) {
   return o;
 }
 
-json summary_json(const summary& s, double scale = 1.0) {
-  return json{{"median", s.median * scale},
-              {"min", s.min * scale},
-              {"max", s.max * scale},
-              {"samples", s.samples}};
-}
-
 // The line a human reads: the figure (median and spread), its bound, their ratio, the target.
 json headline(const summary& s, double scale, const char* unit, const char* target, double bound,
               const char* bound_is, bool pass) {

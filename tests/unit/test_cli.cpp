@@ -51,21 +51,6 @@ run_result run_cli(const std::vector<std::string>& args, const std::string& env 
   return result;
 }
 
-std::uint64_t node0_mem_total() {
-  std::istringstream in(tierflow::test::read_file("/sys/devices/system/node/node0/meminfo"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find("MemTotal:") != std::string::npos) {
-      std::istringstream fields(line);
-      std::string a, b, c;
-      std::uint64_t kib = 0;
-      fields >> a >> b >> c >> kib;
-      return kib * 1024;
-    }
-  }
-  return 0;
-}
-
 void check_one_line_error(const run_result& r, const std::string& expected) {
   INFO("stderr: " << r.err);
   CHECK(r.exit_code == 2);
@@ -79,7 +64,8 @@ void check_one_line_error(const run_result& r, const std::string& expected) {
 
 TEST_CASE("topo --json on this machine: the DRAM tier holds node 0's MemTotal", "[cli][live]") {
   const auto r = run_cli({"topo", "--json"});
-  const auto after = static_cast<double>(node0_mem_total());
+  const auto after = static_cast<double>(tierflow::test::mem_total_bytes(0));
+  REQUIRE(after > 0);
   REQUIRE(r.exit_code == 0);
   const auto doc = json::parse(r.out);
   CHECK(doc.at("schema_version") == 1);

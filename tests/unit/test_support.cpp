@@ -55,6 +55,22 @@ std::string captured_log::text() const {
   return impl_->lines;
 }
 
+std::uint64_t mem_total_bytes(int node) {
+  std::istringstream in(
+      read_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo"));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string word_node, id, key;
+    std::uint64_t kib = 0;
+    fields >> word_node >> id >> key >> kib;
+    if (key == "MemTotal:") {
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
 scoped_env::scoped_env(const char* name, const char* value) : name_(name) {
   if (const char* old = std::getenv(name)) {
     had_value_ = true;

@@ -112,6 +112,10 @@ class fixture_copy {
 /** Writes @p text to @p path, replacing it. */
 void write_file(const std::filesystem::path& path, const std::string& text);
 
+/** MemTotal of NUMA node @p node in bytes, read from sysfs now (0 if absent): an oracle that
+ *  does not go through tierflow's own reader. */
+std::uint64_t mem_total_bytes(int node);
+
 /** Reads a whole file. */
 std::string read_file(const std::filesystem::path& path);
 

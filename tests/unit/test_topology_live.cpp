@@ -11,25 +11,6 @@
 
 using namespace tierflow;
 
-namespace {
-std::uint64_t mem_total_now(int node) {
-  std::istringstream in(
-      test::read_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo"));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string word_node, id, key;
-    std::uint64_t kib = 0;
-    fields >> word_node >> id >> key >> kib;
-    if (key == "MemTotal:") {
-      return kib * 1024;
-    }
-  }
-  FAIL("no MemTotal for node " << node);
-  return 0;
-}
-}  // namespace
-
 TEST_CASE("live machine: every node's capacity matches meminfo now", "[topology][live]") {
   test::scoped_env env("TIERFLOW_TIERS", nullptr);
   auto topo = topology::discover();
@@ -42,7 +23,8 @@ TEST_CASE("live machine: every node's capacity matches meminfo now", "[topology]
       topo.refresh_memory();
     }
     for (const auto& node : topo.nodes()) {
-      const auto now = static_cast<double>(mem_total_now(node.id.value));
+      const auto now = static_cast<double>(test::mem_total_bytes(node.id.value));
+      REQUIRE(now > 0);
       INFO("node " << node.id.value << " tierflow " << node.capacity_bytes << " meminfo " << now);
       CHECK(std::abs(static_cast<double>(node.capacity_bytes) - now) <= 0.01 * now);
       REQUIRE(node.free_bytes.has_value());
