@@ -18,6 +18,7 @@
 #include "tierflow/pool_resource.hpp"
 #include "tierflow/settings.hpp"
 #include "tierflow/statistics_resource.hpp"
+#include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/topology.hpp"
 #include "tierflow/transfer_engine.hpp"
 #include "tierflow/where.hpp"

@@ -95,25 +95,16 @@ TEST_CASE("Prometheus exposition follows the text format", "[metrics][prometheus
   p.gauge("overlap_efficiency", "Lower bound over achieved step time", 0.97);
   const auto text = p.str();
 
-  const std::regex help(R"(# HELP tierflow_[a-zA-Z_:][a-zA-Z0-9_:]* [^\n]*)");
-  const std::regex type(R"(# TYPE tierflow_[a-zA-Z_:][a-zA-Z0-9_:]* (gauge|counter))");
-  const std::regex sample(
-      R"(tierflow_[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*")*\})? [-+0-9.eEInfa]+)");
+  CHECK(test::prometheus_format_problems(text).empty());
+  CHECK(test::prometheus_format_problems(text + "tierflow_untyped 1\n").size() == 1);
+  CHECK(test::prometheus_format_problems(text + "# TYPE tierflow_x_bytes count\n").size() == 1);
   std::istringstream lines(text);
   std::string line;
   int helps = 0, types = 0, samples = 0;
   while (std::getline(lines, line)) {
-    INFO("line: " << line);
-    if (line.rfind("# HELP", 0) == 0) {
-      CHECK(std::regex_match(line, help));
-      ++helps;
-    } else if (line.rfind("# TYPE", 0) == 0) {
-      CHECK(std::regex_match(line, type));
-      ++types;
-    } else {
-      CHECK(std::regex_match(line, sample));
-      ++samples;
-    }
+    helps += line.rfind("# HELP", 0) == 0 ? 1 : 0;
+    types += line.rfind("# TYPE", 0) == 0 ? 1 : 0;
+    samples += line.rfind("tierflow_", 0) == 0 ? 1 : 0;
   }
   CHECK(helps == 3);
   CHECK(types == 3);

@@ -1,7 +1,9 @@
 #include "test_support.hpp"
 
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -17,6 +19,33 @@ void write_file(const std::filesystem::path& path, const std::string& text) {
   if (!out) {
     throw std::runtime_error("cannot write " + path.string());
   }
+}
+
+std::vector<std::string> prometheus_format_problems(const std::string& text) {
+  static const std::regex help(R"(# HELP (tierflow_[a-zA-Z_:][a-zA-Z0-9_:]*) [^\n]*)");
+  static const std::regex type(R"(# TYPE (tierflow_[a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter))");
+  static const std::regex sample(
+      R"((tierflow_[a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*")*\})? ([-+0-9.eE]+|[+-]Inf|NaN))");
+  std::vector<std::string> problems;
+  std::map<std::string, std::string> types;
+  std::istringstream lines(text);
+  std::string line;
+  std::smatch m;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# HELP", 0) == 0) {
+      if (!std::regex_match(line, m, help)) {
+        problems.push_back("bad HELP: " + line);
+      }
+    } else if (line.rfind("# TYPE", 0) == 0) {
+      if (!std::regex_match(line, m, type) || !types.emplace(m[1], m[2]).second ||
+          (m[2] == "counter" && !m[1].str().ends_with("_total"))) {
+        problems.push_back("bad or repeated TYPE: " + line);
+      }
+    } else if (!std::regex_match(line, m, sample) || types.count(m[1]) == 0) {
+      problems.push_back("bad or untyped sample: " + line);
+    }
+  }
+  return problems;
 }
 
 std::string read_file(const std::filesystem::path& path) {

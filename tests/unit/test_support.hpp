@@ -116,6 +116,11 @@ void write_file(const std::filesystem::path& path, const std::string& text);
  *  does not go through tierflow's own reader. */
 std::uint64_t mem_total_bytes(int node);
 
+/** Lines of @p text that break the Prometheus text format (0.0.4) as tierflow writes it:
+ *  `# HELP` / `# TYPE` lines, samples of `tierflow_` names with escaped labels, each family
+ *  typed before its samples and typed once, counters ending in `_total`. Empty: it parses. */
+std::vector<std::string> prometheus_format_problems(const std::string& text);
+
 /** Reads a whole file. */
 std::string read_file(const std::filesystem::path& path);
 
