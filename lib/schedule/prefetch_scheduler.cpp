@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <set>
 
@@ -13,6 +11,7 @@
 
 #include "schedule/scheduler_accounting.hpp"
 #include "schedule/staging_arena.hpp"
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
 
@@ -133,12 +132,13 @@ struct step_info {
 // Disjoint page spans covering a set of host ranges (registering a page twice fails on CUDA).
 std::vector<std::pair<char*, std::size_t>> page_spans(
     std::vector<std::pair<char*, std::size_t>> ranges) {
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   std::sort(ranges.begin(), ranges.end());
   std::vector<std::pair<char*, std::size_t>> spans;
   for (const auto& [p, n] : ranges) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(p) / page * page;
-    const auto end = (reinterpret_cast<std::uintptr_t>(p) + n + page - 1) / page * page;
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    const auto begin = address / page * page;
+    const auto end = detail::round_up(address + n, page);
     if (!spans.empty()) {
       auto& last = spans.back();
       const auto last_end = reinterpret_cast<std::uintptr_t>(last.first) + last.second;
@@ -190,6 +190,7 @@ struct prefetch_scheduler::impl {
 
   void validate();
   void allocate_and_upload();
+  void upload_resident();
   bool try_stage(std::uint64_t seq);
   void wait_fence(const fence& f);
   void pump();
@@ -225,8 +226,6 @@ void prefetch_scheduler::impl::validate() {
   TIERFLOW_EXPECTS(o.h2d_gbps >= 0 && o.d2h_gbps >= 0,
                    "prefetch_scheduler: link bandwidths must not be negative");
   TIERFLOW_EXPECTS(!plan.steps.empty(), "prefetch_scheduler: the plan has no steps");
-  const std::uint64_t align = o.alignment;
-  const auto aligned = [align](std::uint64_t n) { return (n + align - 1) / align * align; };
   std::set<std::string> names;
   std::vector<std::pair<char*, std::size_t>> ranges;
   for (const auto& b : plan.buffers) {
@@ -238,7 +237,7 @@ void prefetch_scheduler::impl::validate() {
     ranges.emplace_back(static_cast<char*>(b.data), b.bytes);
     buffer_state s;
     s.desc = b;
-    s.aligned = aligned(b.bytes);
+    s.aligned = detail::round_up(b.bytes, o.alignment);
     if (b.resident) {
       resident_bytes += s.aligned;
     }
@@ -306,18 +305,27 @@ void prefetch_scheduler::impl::allocate_and_upload() {
     registered.emplace_back(p, n);
   }
   char* next = static_cast<char*>(hbm);
-  bool uploaded = false;
   for (auto& b : buffers) {
     if (b.desc.resident) {
       b.resident_copy = next;
       next += b.aligned;
-      dev.copy_async(b.resident_copy, b.desc.data, b.desc.bytes, copy_kind::h2d, dev.h2d_stream());
-      uploaded = true;
     }
   }
-  if (uploaded) {
-    dev.h2d_stream().synchronize();
+  upload_resident();
+}
+
+// Copies every resident buffer from its tier copy into HBM and waits.
+void prefetch_scheduler::impl::upload_resident() {
+  if (resident_bytes == 0) {
+    return;
   }
+  for (auto& b : buffers) {
+    if (b.desc.resident) {
+      dev.copy_async(b.resident_copy, b.desc.data, b.desc.bytes, copy_kind::h2d, dev.h2d_stream());
+      b.resident_dirty = false;
+    }
+  }
+  dev.h2d_stream().synchronize();
 }
 
 prefetch_scheduler::impl::~impl() {
@@ -398,30 +406,28 @@ void prefetch_scheduler::impl::pump() {
     return;
   }
   const auto n = steps.size();
+  std::uint64_t bytes_ahead = 0;  // window in bytes: what the steps staged ahead hold
+  if (options.unit == window_unit::bytes) {
+    for (const auto& r : staged) {
+      bytes_ahead += r.seq >= position + (acquired ? 1 : 0) ? steps[r.step].staged_bytes : 0;
+    }
+  }
   while (ahead() < n) {
     const auto next = staged.empty() ? position : staged.back().seq + 1;
-    if (options.unit == window_unit::steps) {
-      if (ahead() >= window) {
-        return;
-      }
-    } else {
-      std::uint64_t bytes = 0;
-      for (const auto& r : staged) {
-        bytes += r.seq >= position + (acquired ? 1 : 0) ? steps[r.step].staged_bytes : 0;
-      }
-      if (bytes + steps[next % n].staged_bytes > window) {
-        return;
-      }
+    const auto next_bytes = steps[next % n].staged_bytes;
+    if (options.unit == window_unit::steps ? ahead() >= window
+                                           : bytes_ahead + next_bytes > window) {
+      return;
     }
     if (!try_stage(next)) {
       ++budget_misses;
       return;
     }
+    bytes_ahead += next_bytes;
   }
 }
 
 std::string prefetch_scheduler::impl::harvest() {
-  std::string failure;
   while (!finished.empty()) {
     auto& r = finished.front();
     const std::array<event*, 3> last{r.h2d_end.empty() ? nullptr : r.h2d_end.back().get(),
@@ -454,7 +460,7 @@ std::string prefetch_scheduler::impl::harvest() {
   }
   releases.prune();
   writebacks.prune();
-  return failure;
+  return {};
 }
 
 void prefetch_scheduler::impl::check() {
@@ -480,30 +486,11 @@ void prefetch_scheduler::impl::recover() {
     const std::lock_guard lock(accounting_mutex);
     accounting.discard(finished.size() + staged.size());
   }
-  staged.clear();
   finished.clear();
-  releases.clear();
-  writebacks.clear();
-  h2d_waited = {releases.last(), writebacks.last()};
-  arena.reset();
-  for (auto& b : buffers) {
-    if (b.staged) {
-      staging_used.sub(b.aligned);
-    }
-    b.staged = false;
-    b.holders = 0;
-    b.dirty = false;
-  }
+  drop_staged();  // unwritten changes in staging are lost with the failed work
   // The tier copies are the truth now: resident copies are reloaded from them.
   try {
-    for (auto& b : buffers) {
-      if (b.desc.resident) {
-        dev.copy_async(b.resident_copy, b.desc.data, b.desc.bytes, copy_kind::h2d,
-                       dev.h2d_stream());
-        b.resident_dirty = false;
-      }
-    }
-    dev.h2d_stream().synchronize();
+    upload_resident();
   } catch (const std::exception& ex) {
     detail::log(log_level::warning,
                 std::string("prefetch_scheduler: reloading resident buffers: ") + ex.what());
@@ -584,7 +571,7 @@ void prefetch_scheduler::impl::write_back_all(bool staged_too) {
   }
 }
 
-// With the device idle: forget what was staged ahead (clean now), so the tier copies rule.
+// With the device idle: forget everything staged, so the tier copies rule.
 void prefetch_scheduler::impl::drop_staged() {
   staged.clear();
   releases.clear();
@@ -597,6 +584,7 @@ void prefetch_scheduler::impl::drop_staged() {
     }
     b.staged = false;
     b.holders = 0;
+    b.dirty = false;
   }
 }
 

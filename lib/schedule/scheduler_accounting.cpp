@@ -171,9 +171,6 @@ std::optional<std::uint64_t> scheduler_accounting::adapt(const iteration& it, st
     settling_ = true;
     return window - 1;
   }
-  if (window > options_.max_window) {
-    return options_.max_window;
-  }
   return std::nullopt;
 }
 

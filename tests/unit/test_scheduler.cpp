@@ -28,14 +28,13 @@ std::uint64_t fnv(const unsigned char* p, std::size_t n, std::uint64_t h) {
 
 // The work of a step: a checksum of everything it uses (what it saw), then every buffer it
 // writes becomes a function of that checksum and its old bytes.
-std::uint64_t step_work(const step_desc& st, std::size_t step, std::uint64_t iteration,
+std::uint64_t step_work(std::size_t step, std::uint64_t iteration,
                         const std::vector<std::pair<unsigned char*, std::size_t>>& uses,
                         const std::vector<std::pair<unsigned char*, std::size_t>>& writes) {
   std::uint64_t h = 0xcbf29ce484222325ULL ^ (step * 0x9e3779b97f4a7c15ULL) ^ iteration;
   for (const auto& [p, n] : uses) {
     h = fnv(p, n, h);
   }
-  (void)st;
   for (const auto& [p, n] : writes) {
     for (std::size_t i = 0; i < n; ++i) {
       p[i] = static_cast<unsigned char>(p[i] * 167u + (h >> (8 * (i % 8))) + i * 13u + 1u);
@@ -182,13 +181,20 @@ struct reference {
       for (const auto id : sorted_unique(st.writes)) {
         writes.emplace_back(state[id].data(), state[id].size());
       }
-      seen.push_back(step_work(st, step, seq / n, uses, writes));
+      seen.push_back(step_work(step, seq / n, uses, writes));
       for (const auto id : sorted_unique(st.writes)) {
         versions[id].push_back(state[id]);
       }
     }
   }
 };
+
+// The reference run of a scenario's runs.
+reference expected(const scenario& sc) {
+  reference ref(sc.host);
+  ref.apply(sc.plan, sc.first_step, sc.runs);
+  return ref;
+}
 
 // Drives @p runs runs through @p sched from @p first: each run's work is a host callback on the
 // compute stream that reads and writes the staged copies. @p seen gets what each run saw.
@@ -214,8 +220,8 @@ std::uint64_t drive(prefetch_scheduler& sched, std::size_t first, std::size_t ru
       writes.emplace_back(static_cast<unsigned char*>(staged.pointer(id)), plan.buffers[id].bytes);
     }
     staged.compute().host_callback(
-        [&st, step, iteration = staged.iteration(), uses, writes, out = &seen[r]] {
-          *out = step_work(st, step, iteration, uses, writes);
+        [step, iteration = staged.iteration(), uses, writes, out = &seen[r]] {
+          *out = step_work(step, iteration, uses, writes);
         });
     sched.release(step);
   }
@@ -251,8 +257,7 @@ TEST_CASE("random plans, windows and budgets match the serial reference bit for 
   for (int c = 0; c < 40; ++c) {
     auto sc = random_scenario(gen);
     INFO("case " << c << ": " << describe(sc));
-    reference ref(sc.host);
-    ref.apply(sc.plan, sc.first_step, sc.runs);
+    const auto ref = expected(sc);
     auto dev = fast_device();
     std::vector<std::uint64_t> seen;
     {
@@ -329,8 +334,7 @@ TEST_CASE("a budget that fits only the largest step still runs, one step at a ti
     sc.options.unit = window_unit::steps;
     sc.options.adaptive = false;
     INFO(describe(sc));
-    reference ref(sc.host);
-    ref.apply(sc.plan, sc.first_step, sc.runs);
+    const auto ref = expected(sc);
     auto dev = fast_device();
     std::vector<std::uint64_t> seen;
     {
@@ -474,16 +478,14 @@ TEST_CASE(
       prefetch_scheduler sched(*dev, sc2.plan, sc2.options);
       std::vector<std::uint64_t> seen;
       drive(sched, sc.first_step, sc.runs, seen);
-      const auto m = sched.metrics();
       sched.flush();
-      copies = h2d ? sched.metrics().h2d.transfers : sched.metrics().d2h.transfers;
-      (void)m;
+      const auto m = sched.metrics();
+      copies = h2d ? m.h2d.transfers : m.d2h.transfers;
     }
     if (copies == 0) {
       continue;
     }
-    reference ref(sc.host);
-    ref.apply(sc.plan, sc.first_step, sc.runs);
+    const auto ref = expected(sc);
     auto dev = fast_device();
     const auto free_before = dev->memory_free_bytes();
     {
@@ -532,8 +534,7 @@ TEST_CASE(
   for (int c = 0; c < 12; ++c) {
     auto sc = random_scenario(gen);
     INFO("case " << c << ": " << describe(sc));
-    reference ref(sc.host);
-    ref.apply(sc.plan, sc.first_step, sc.runs);
+    const auto ref = expected(sc);
     auto dev = fast_device();
     const auto free_before = dev->memory_free_bytes();
     const auto locked_before = locked_kib();
