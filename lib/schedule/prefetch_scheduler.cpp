@@ -452,7 +452,7 @@ std::string prefetch_scheduler::impl::harvest() {
     }
     {
       const std::lock_guard lock(accounting_mutex);
-      if (auto change = accounting.add(r, budget_misses, window.load())) {
+      if (auto change = accounting.add(r, window.load())) {
         window = *change;
       }
     }
@@ -508,6 +508,7 @@ void prefetch_scheduler::impl::release_locked(std::size_t step, bool dirty) {
   acquired = false;
   ++position;
   r.done = pool.get();
+  r.budget_misses = budget_misses;  // harvest may come much later: judge the run by its own time
   compute.record(*r.done);
   const auto release_seq = releases.push(r.done);
   const auto& info = steps[step];

@@ -73,9 +73,7 @@ double scheduler_accounting::transfers(const std::vector<buffer_id>& ids, event&
   return previous;
 }
 
-std::optional<std::uint64_t> scheduler_accounting::add(const step_run& r,
-                                                       std::uint64_t budget_misses,
-                                                       std::uint64_t window) {
+std::optional<std::uint64_t> scheduler_accounting::add(const step_run& r, std::uint64_t window) {
   auto& per = per_step_[r.step];
   const double ready = seconds(*r.ready);
   const double begin = std::max(ready, seconds(*r.begin));
@@ -127,12 +125,12 @@ std::optional<std::uint64_t> scheduler_accounting::add(const step_run& r,
     if (open_ && current_.steps == steps_in_plan_) {
       current_.time = ready - current_start_;
       iterations_.push_back(current_);
-      change = adapt(current_, budget_misses, window);
+      change = adapt(current_, r.budget_misses, window);
     }
     open_ = true;
     current_ = iteration{};
     current_start_ = ready;
-    current_.misses_at_open = budget_misses;
+    current_.misses_at_open = r.budget_misses;
   }
   if (open_) {
     current_.compute += compute;

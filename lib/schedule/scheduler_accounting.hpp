@@ -28,7 +28,8 @@ struct step_run {
   event_ptr done;                  // compute stream: the step's work done
   std::vector<buffer_id> written;
   event_ptr d2h_start;
-  std::vector<event_ptr> d2h_end;  // one per written-back buffer, in order
+  std::vector<event_ptr> d2h_end;   // one per written-back buffer, in order
+  std::uint64_t budget_misses = 0;  // prefetches the budget had held back when it was released
 };
 
 class scheduler_accounting {
@@ -36,10 +37,9 @@ class scheduler_accounting {
   /** Records @p origin on the compute stream and waits for it: times are seconds after it. */
   void start(device& dev, event_ptr origin, const schedule_plan& plan,
              const scheduler_options& options);
-  /** Accounts a run whose events have all fired without error. @p budget_misses counts the
-   *  prefetches the budget has held back so far. Returns a new window when adapting. */
-  std::optional<std::uint64_t> add(const step_run& r, std::uint64_t budget_misses,
-                                   std::uint64_t window);
+  /** Accounts a run whose events have all fired without error. Returns a new window when
+   *  adapting. */
+  std::optional<std::uint64_t> add(const step_run& r, std::uint64_t window);
   /** Runs thrown away after a failure: counted, and the open iteration is abandoned. */
   void discard(std::size_t runs);
   [[nodiscard]] scheduler_metrics snapshot() const;
@@ -60,7 +60,7 @@ class scheduler_accounting {
                    const std::vector<event_ptr>& ends, metrics::link_counter& link,
                    const char* track, const std::string& step, std::uint64_t& bytes);
   std::optional<std::uint64_t> adapt(const iteration& it, std::uint64_t misses,
-                                     std::uint64_t window);
+                                     std::uint64_t window);  // misses: as of the closing run
   [[nodiscard]] double lower_bound(double compute, std::uint64_t in, std::uint64_t out) const;
   [[nodiscard]] double bandwidth(double given, const std::optional<double>& device_figure,
                                  const metrics::link_counter& measured) const;

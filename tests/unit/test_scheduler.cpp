@@ -754,6 +754,13 @@ TEST_CASE("the adaptive window grows while compute stalls, within the budget",
     CHECK(m.window >= 3);
     CHECK(m.window <= 8);
   }
+  SECTION("a budget for one step at a time keeps it at 1") {
+    // The host runs far ahead of the device here, so the decisions are made late: each run
+    // must carry whether the budget held prefetches back while it ran.
+    const auto m = run(3'000'064, 12);
+    CHECK(m.window == 1);
+    CHECK(m.stall_fraction > 0.1);
+  }
 }
 
 TEST_CASE("staging arena: best fit, all or nothing, coalescing, fences", "[scheduler][arena]") {
