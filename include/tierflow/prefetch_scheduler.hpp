@@ -104,14 +104,16 @@ struct step_metrics {
  * An iteration is one pass over the plan, timed on the device from one start of plan step 0 to
  * the next. `step_time_s` is the median iteration time and `lower_bound_s` the median of each
  * iteration's max(Σ compute, Σ bytes_in / h2d bandwidth, Σ bytes_out / d2h bandwidth) (a
- * half-duplex link adds the two transfer terms); with no complete iteration yet, both are
- * over everything so far, scaled to one iteration.
+ * half-duplex link adds the two transfer terms); `stall_fraction` is the median of each
+ * iteration's stall time / iteration time. Medians keep the first iteration's pipeline fill
+ * out of the steady state; `stall_s` and `elapsed_s` hold the totals. With no complete
+ * iteration yet, all three are over everything so far, scaled to one iteration.
  */
 struct scheduler_metrics {
   double step_time_s = 0;
   double lower_bound_s = 0;
   double overlap_efficiency = 0;  ///< lower_bound_s / step_time_s (0 when not measured)
-  double stall_fraction = 0;      ///< stall time / elapsed time, over the same iterations
+  double stall_fraction = 0;      ///< median over iterations of stall time / iteration time
   std::uint64_t bytes_in = 0;     ///< total fetched into staging
   std::uint64_t bytes_out = 0;    ///< total written back
   std::uint64_t hbm_staging_peak_bytes = 0;

@@ -390,11 +390,13 @@ bool prefetch_scheduler::impl::try_stage(std::uint64_t seq) {
     wait_fence(after);
     r.h2d_start = pool.get();
     h2d.record(*r.h2d_start);
-    for (const auto id : r.fetched) {
-      auto& b = buffers[id];
+    for (std::size_t i = 0; i < r.fetched.size(); ++i) {
+      auto& b = buffers[r.fetched[i]];
       dev.copy_async(staging_base + b.offset, b.desc.data, b.desc.bytes, copy_kind::h2d, h2d);
-      r.h2d_end.push_back(pool.get());
-      h2d.record(*r.h2d_end.back());
+      if (options.trace || i + 1 == r.fetched.size()) {  // an event per copy only for the trace
+        r.h2d_end.push_back(pool.get());
+        h2d.record(*r.h2d_end.back());
+      }
     }
   }
   staged.push_back(std::move(r));
@@ -538,13 +540,19 @@ void prefetch_scheduler::impl::release_locked(std::size_t step, bool dirty) {
     d2h.wait(*r.done);
     r.d2h_start = pool.get();
     d2h.record(*r.d2h_start);
+    for (std::size_t i = 0; i < write_back.size(); ++i) {
+      auto& b = buffers[write_back[i]];
+      dev.copy_async(b.desc.data, staging_base + b.offset, b.desc.bytes, copy_kind::d2h, d2h);
+      if (options.trace || i + 1 == write_back.size()) {
+        r.d2h_end.push_back(pool.get());
+        d2h.record(*r.d2h_end.back());
+      }
+    }
+    const auto written = writebacks.push(r.d2h_end.back());  // one fence for the batch
     for (const auto id : write_back) {
       auto& b = buffers[id];
-      dev.copy_async(b.desc.data, staging_base + b.offset, b.desc.bytes, copy_kind::d2h, d2h);
-      r.d2h_end.push_back(pool.get());
-      d2h.record(*r.d2h_end.back());
-      b.last_writeback = writebacks.push(r.d2h_end.back());
-      arena.free(b.offset, b.aligned, {release_seq, b.last_writeback});
+      b.last_writeback = written;
+      arena.free(b.offset, b.aligned, {release_seq, written});
       b.staged = false;
       b.dirty = false;
       staging_used.sub(b.aligned);

@@ -52,13 +52,27 @@ metrics::trace_recorder::clock::time_point scheduler_accounting::at(double t) co
                             std::chrono::duration<double>(t));
 }
 
-// Accounts back-to-back transfers: the first runs from @p start to ends[0], each next one from
-// the previous end to its own. Returns the time the last one ended.
+// Accounts back-to-back transfers that began at @p start. With an end event per transfer (when
+// tracing) each runs from the previous end to its own; with one for the batch, the batch's time
+// is shared by bytes. Returns the time the last one ended.
 double scheduler_accounting::transfers(const std::vector<buffer_id>& ids, event& start,
                                        const std::vector<event_ptr>& ends,
                                        metrics::link_counter& link, const char* track,
                                        const std::string& step, std::uint64_t& bytes) {
   double previous = seconds(start);
+  if (ends.size() != ids.size()) {
+    const double end = std::max(previous, seconds(*ends.back()));
+    std::uint64_t total = 0;
+    for (const auto id : ids) {
+      total += buffer_bytes_[id];
+    }
+    for (const auto id : ids) {
+      const auto n = buffer_bytes_[id];
+      link.add(n, (end - previous) * static_cast<double>(n) / static_cast<double>(total));
+    }
+    bytes += total;
+    return end;
+  }
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const double end = std::max(previous, seconds(*ends[i]));
     const auto n = buffer_bytes_[ids[i]];
@@ -218,17 +232,15 @@ scheduler_metrics scheduler_accounting::snapshot() const {
   m.d2h = d2h_.read();
   m.per_step = per_step_;
   if (!iterations_.empty()) {
-    std::vector<double> times, bounds;
-    double stall = 0, elapsed = 0;
+    std::vector<double> times, bounds, stalls;
     for (const auto& it : iterations_) {
       times.push_back(it.time);
       bounds.push_back(lower_bound(it.compute, it.bytes_in, it.bytes_out));
-      stall += it.stall;
-      elapsed += it.time;
+      stalls.push_back(it.time > 0 ? it.stall / it.time : 0);
     }
     m.step_time_s = median(times);
     m.lower_bound_s = median(bounds);
-    m.stall_fraction = elapsed > 0 ? stall / elapsed : 0;
+    m.stall_fraction = median(stalls);
   } else if (runs_ > 0) {
     const double scale = static_cast<double>(steps_in_plan_) / static_cast<double>(runs_);
     m.step_time_s = m.elapsed_seconds * scale;

@@ -22,7 +22,7 @@ struct step_run {
   std::size_t step = 0;
   std::vector<buffer_id> fetched;
   event_ptr h2d_start;
-  std::vector<event_ptr> h2d_end;  // one per fetched buffer, in order
+  std::vector<event_ptr> h2d_end;  // one per fetched buffer when tracing, else one
   event_ptr ready;                 // compute stream: ready for the step
   event_ptr begin;                 // compute stream: after waiting for the prefetch
   event_ptr done;                  // compute stream: the step's work done
