@@ -132,14 +132,30 @@ void collect_gpus(hwloc_topology_t topo, std::vector<hwloc_gpu_facts>& out) {
 namespace {
 
 // hwloc 2.9 can crash on some malformed XML (found by fuzz_hwloc_xml: a NULL read in
-// hwloc_bitmap_compare_first during load). Loading a user's file first in a child process
-// turns such a crash into an error instead of taking the caller down.
-constexpr int refused_cleanly = 3;
+// hwloc_bitmap_compare_first during load), and it leaks the objects it had built when it
+// refuses a file cut short mid-body. Loading a user's file first in a child process turns
+// such a crash into an error instead of taking the caller down, and a file the child saw
+// refused is never loaded here, so the caller leaks nothing either.
+constexpr int reported = 3;  // the child's exit status once it has written its report
 
+// What the child reports through its pipe: the stage that refused the file and its errno.
+struct child_report {
+  int stage = 0;  // 0: loaded; 1: set_xml refused it; 2: load refused it
+  int code = 0;
+};
+
+// 0 when the file loads (or the child cannot be made: the caller then loads it directly);
+// otherwise an errno, with `error` saying why.
 int check_in_child(const char* xml_path, std::string& error) noexcept {
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    return 0;  // cannot isolate: load it directly
+  }
   const pid_t child = ::fork();
   if (child < 0) {
-    return 0;  // cannot isolate: load it directly
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return 0;
   }
   if (child == 0) {
     // Die plainly on a fault: no crash handler of the parent's (a sanitizer's, a fuzzer's)
@@ -147,28 +163,50 @@ int check_in_child(const char* xml_path, std::string& error) noexcept {
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) {
       ::signal(sig, SIG_DFL);
     }
+    ::close(fds[0]);
+    child_report report;
     hwloc_topology_t topo = nullptr;
-    int code = refused_cleanly;
     if (hwloc_topology_init(&topo) == 0) {
-      if (hwloc_topology_set_xml(topo, xml_path) == 0 && hwloc_topology_load(topo) == 0) {
-        code = 0;
+      if (hwloc_topology_set_xml(topo, xml_path) != 0) {
+        report = {1, errno != 0 ? errno : EINVAL};
+      } else {
+        hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        if (hwloc_topology_load(topo) != 0) {
+          report = {2, errno != 0 ? errno : EINVAL};
+        }
       }
       hwloc_topology_destroy(topo);
     }
-    ::_exit(code);
+    const bool sent = ::write(fds[1], &report, sizeof report) == sizeof report;
+    ::_exit(sent ? reported : 1);
   }
+  ::close(fds[1]);
+  child_report report;
+  ssize_t got = -1;
+  do {
+    got = ::read(fds[0], &report, sizeof report);
+  } while (got < 0 && errno == EINTR);
+  ::close(fds[0]);
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   // A signal, or any other exit status (a sanitizer reports a crash and exits 1), is a crash.
-  if (WIFSIGNALED(status) ||
-      (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != refused_cleanly)) {
+  if (WIFSIGNALED(status) || !WIFEXITED(status) || WEXITSTATUS(status) != reported ||
+      got != static_cast<ssize_t>(sizeof report)) {
     error = WIFSIGNALED(status) ? "hwloc crashed reading this XML (signal " +
                                       std::to_string(WTERMSIG(status)) + "): the file is malformed"
                                 : "hwloc crashed reading this XML: the file is malformed";
     return EINVAL;
   }
-  return 0;  // loaded, or refused cleanly: the real load below reports which
+  if (report.stage == 1) {
+    error = std::string("hwloc rejected the XML (") + std::strerror(report.code) + ")";
+    return report.code;
+  }
+  if (report.stage == 2) {
+    error = std::string("hwloc_topology_load failed: ") + std::strerror(report.code);
+    return report.code;
+  }
+  return 0;
 }
 
 }  // namespace
