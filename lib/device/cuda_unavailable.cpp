@@ -8,4 +8,8 @@ std::unique_ptr<device> open_cuda_device(int, std::string& why) {
   return nullptr;
 }
 
+void* cuda_stream_handle(stream&) noexcept {
+  return nullptr;
+}
+
 }  // namespace tierflow::detail

@@ -295,6 +295,11 @@ class cuda_device final : public device {
 
 }  // namespace
 
+void* cuda_stream_handle(stream& s) noexcept {
+  auto* cuda = dynamic_cast<cuda_stream*>(&s);
+  return cuda != nullptr ? static_cast<void*>(cuda->handle()) : nullptr;
+}
+
 std::unique_ptr<device> open_cuda_device(int index, std::string& why) {
   int count = 0;
   const auto status = cudaGetDeviceCount(&count);

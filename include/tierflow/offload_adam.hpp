@@ -1,0 +1,227 @@
+#pragma once
+/** @file
+ * @brief Offloaded Adam/AdamW (layer `optim`): fp32 master weights and the Adam moments live in
+ * tier memory; each step reads the grads from the device, updates the state in the tier (mode
+ * `cpu`) or in HBM as it streams through (mode `streamed`), and writes the params back.
+ *
+ * The update is torch.optim.AdamW (decoupled weight decay) or torch.optim.Adam (L2 decay), in
+ * fp32 with no fused multiply-adds, so every kernel (scalar, AVX2, AVX-512, the GPU's) gives
+ * the same bits as the scalar reference (tierflow::detail::adam_reference):
+ *
+ *     g  = grad * (clip / loss_scale)          (L2: g += weight_decay * p)
+ *     p  = p * (1 - lr * weight_decay)         (decoupled only)
+ *     m  = m * beta1 + (1 - beta1) * g
+ *     v  = v * beta2 + (1 - beta2) * g * g
+ *     p  = p + (-lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+ *
+ * with bc1 = 1 - beta1^t and bc2 = 1 - beta2^t (1 when bias correction is off), t the group's
+ * step count. Scalars are computed in double and rounded to float once, as PyTorch does.
+ * A step whose grads hold an inf or a NaN anywhere is skipped for every parameter: no state
+ * changes and no step counts.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tierflow/device.hpp"
+#include "tierflow/placement_policy.hpp"
+
+namespace tierflow {
+
+/** @brief Element type of a parameter and its grad on the device. */
+enum class param_dtype { f32, bf16, f16 };
+
+/** @brief `f32`, `bf16`, `f16`. */
+[[nodiscard]] std::string_view to_string(param_dtype dtype) noexcept;
+/** @brief Bytes per element: 4 or 2. */
+[[nodiscard]] std::size_t dtype_bytes(param_dtype dtype) noexcept;
+
+/** @brief Where the Adam step runs. */
+enum class adam_mode {
+  cpu,       ///< grads D2H, SIMD step in the tier on threads near the state, params H2D
+  streamed,  ///< state streamed through HBM by the prefetch scheduler, step on the device
+  automatic  ///< chosen from measured rates (see offload_adam::mode_reason())
+};
+
+/** @brief `cpu`, `streamed`, `auto`. */
+[[nodiscard]] std::string_view to_string(adam_mode mode) noexcept;
+/** @brief The mode named @p text (`cpu`, `streamed`, `auto`), or nullopt. */
+[[nodiscard]] std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept;
+
+/** @brief How weight decay is applied. */
+enum class weight_decay_mode {
+  decoupled,  ///< AdamW: p *= 1 - lr * weight_decay before the update
+  l2          ///< Adam: g += weight_decay * p
+};
+
+/** @brief A group's hyper-parameters; they may change before any step. */
+struct adam_hyper {
+  double lr = 1e-3;           ///< ≥ 0, finite
+  double beta1 = 0.9;         ///< in [0, 1)
+  double beta2 = 0.999;       ///< in [0, 1)
+  double eps = 1e-8;          ///< > 0, finite
+  double weight_decay = 0.0;  ///< ≥ 0, finite
+  weight_decay_mode decay = weight_decay_mode::decoupled;
+  bool bias_correction = true;
+};
+
+/** @brief One parameter tensor on the device. */
+struct adam_param {
+  std::string name;            ///< for errors and metrics; unique in the optimizer
+  void* param = nullptr;       ///< device pointer to `elements` values of `dtype`
+  const void* grad = nullptr;  ///< device pointer to its grad, same dtype and count
+  param_dtype dtype = param_dtype::f32;
+  std::size_t elements = 0;  ///< > 0
+};
+
+/** @brief Parameters sharing hyper-parameters and a step count. */
+struct adam_group {
+  std::vector<adam_param> params;
+  adam_hyper hyper;
+};
+
+/** @brief The step's kernel: `scalar`, `avx2`, `avx512`; chosen by CPU feature detection. */
+enum class adam_kernel { automatic, scalar, avx2, avx512 };
+
+/** @brief `auto`, `scalar`, `avx2`, `avx512`. */
+[[nodiscard]] std::string_view to_string(adam_kernel kernel) noexcept;
+/** @brief Whether this CPU can run @p kernel (`automatic` and `scalar`: always). */
+[[nodiscard]] bool kernel_supported(adam_kernel kernel) noexcept;
+/** @brief The best kernel this CPU runs. */
+[[nodiscard]] adam_kernel best_kernel() noexcept;
+
+/** @brief How an offload_adam works. */
+struct adam_options {
+  adam_mode mode = adam_mode::automatic;
+  /** Elements per chunk: the unit of transfer, of thread work and of checkpoint CRCs. */
+  std::size_t chunk_elements = std::size_t{1} << 20;
+  /** Worker threads for the CPU step (0: the CPUs of the nodes that hold the state, at most
+   * the CPUs this process may use). */
+  unsigned threads = 0;
+  adam_kernel kernel = adam_kernel::automatic;  ///< a kernel this CPU lacks is an error
+  /** Global grad-norm clipping: grads are scaled by min(1, max / (norm + 1e-6)); 0: off. */
+  double max_grad_norm = 0.0;
+  /** Grads are divided by this before anything else (mixed-precision loss scaling); > 0. */
+  double loss_scale = 1.0;
+  /** Streamed mode: HBM for staging the state (0: room for `window` + 1 chunks). */
+  std::uint64_t hbm_budget_bytes = 0;
+  std::uint64_t window = 2;  ///< streamed mode: chunks prefetched ahead
+  /** Measured link and memory rates for `automatic`, GB/s; 0: the device's figure, or a
+   * short measurement. */
+  double h2d_gbps = 0.0;
+  double d2h_gbps = 0.0;
+  double host_memory_gbps = 0.0;
+};
+
+/** @brief What one step did. */
+struct adam_step_result {
+  bool applied = false;     ///< false: skipped (non-finite grads); nothing changed
+  std::string skip_reason;  ///< e.g. `non-finite grad in 'layer3.w' (chunk 2)`
+  double grad_norm = 0.0;   ///< global L2 norm of the unscaled grads (inf/nan when skipped)
+  double clip_coef = 1.0;   ///< the factor clipping applied (1: none)
+  double seconds = 0.0;     ///< wall time of the step
+};
+
+/** @brief Running totals of an offload_adam. */
+struct adam_metrics {
+  adam_mode mode = adam_mode::cpu;
+  std::string mode_reason;
+  adam_kernel kernel = adam_kernel::scalar;
+  unsigned threads = 0;
+  std::uint64_t params = 0;  ///< elements over every group
+  std::uint64_t chunks = 0;
+  std::uint64_t steps = 0;  ///< applied
+  std::uint64_t skipped_steps = 0;
+  double step_seconds_total = 0;  ///< wall time over every step
+  double last_step_seconds = 0;
+  double grad_seconds = 0;      ///< cpu mode: waiting for grads and computing the norm
+  double update_seconds = 0;    ///< cpu mode: the Adam kernel
+  std::uint64_t bytes_d2h = 0;  ///< over every step
+  std::uint64_t bytes_h2d = 0;
+  std::uint64_t state_bytes = 0;  ///< master weights + moments in tiers
+  /** @brief `{"schema_version":1,"adam":{...}}` (keys in the README). */
+  [[nodiscard]] std::string to_json() const;
+};
+
+/**
+ * @brief Adam/AdamW over device parameters with its state in tier memory.
+ *
+ * Construction copies the device params once (D2H) into the fp32 master weights, with zero
+ * moments. step() returns when the device params hold the update; it orders itself after the
+ * work enqueued on the device's compute stream so far (the backward pass that made the grads).
+ * Not thread-safe: drive it from one thread.
+ */
+class offload_adam {
+ public:
+  /**
+   * @param dev the device holding the params and grads
+   * @param groups at least one group; each with at least one parameter
+   * @param options see adam_options
+   * @param placement allocates the state (classes master_params and optimizer_state); it must
+   *        outlive the optimizer
+   * @throws tierflow::error naming the bad argument (null pointer, zero elements, lr < 0,
+   *         beta outside [0, 1), eps ≤ 0, duplicate name, unsupported kernel, ...);
+   *         out_of_capacity when the tiers cannot hold the state; device_error on a failed copy
+   */
+  offload_adam(device& dev, std::vector<adam_group> groups, adam_options options,
+               placement_policy& placement);
+  ~offload_adam();
+  offload_adam(const offload_adam&) = delete;
+  offload_adam& operator=(const offload_adam&) = delete;
+
+  /**
+   * @brief One optimizer step over every group.
+   * @throws device_error when a copy or the device kernel fails: the state is then as before
+   *         the step (nothing is half-applied) and the next step may be retried
+   */
+  adam_step_result step();
+
+  /** @brief The hyper-parameters of group @p group. @throws tierflow::error out of range */
+  [[nodiscard]] const adam_hyper& hyper(std::size_t group) const;
+  /** @brief Replaces group @p group's hyper-parameters (checked as at construction). */
+  void set_hyper(std::size_t group, const adam_hyper& hyper);
+  /** @brief Sets the lr of every group. @throws tierflow::error for a bad lr */
+  void set_lr(double lr);
+  /** @brief Steps applied to group @p group. */
+  [[nodiscard]] std::uint64_t step_count(std::size_t group) const;
+  [[nodiscard]] std::size_t group_count() const noexcept;
+
+  /** @brief The mode in force (never `automatic`) and why it was chosen. */
+  [[nodiscard]] adam_mode mode() const noexcept;
+  [[nodiscard]] const std::string& mode_reason() const noexcept;
+  [[nodiscard]] adam_kernel kernel() const noexcept;
+
+  /**
+   * @brief Writes the state to @p path atomically (temp file, fsync, rename): a header with
+   * the format version, groups, names, shapes, dtypes, hyper-parameters and step counts, and
+   * payload chunks with CRC32C. @throws tierflow::error naming the path on failure (the file
+   * at @p path, if any, is left as it was)
+   */
+  void save(const std::filesystem::path& path) const;
+  /**
+   * @brief Reads a checkpoint written by save() (by any mode) and, only when every byte of it
+   * checks out, replaces the state and the device params with it.
+   * @throws input_error naming the path for a truncated, corrupted or mismatched file, or one
+   *         of another format version; the live state is then untouched
+   */
+  void load(const std::filesystem::path& path);
+
+  /** @brief Running totals. */
+  [[nodiscard]] adam_metrics metrics() const;
+
+  /** @brief Copies of parameter @p param of group @p group's state (for tests and tools). */
+  [[nodiscard]] std::vector<float> master_weights(std::size_t group, std::size_t param) const;
+  [[nodiscard]] std::vector<float> exp_avg(std::size_t group, std::size_t param) const;
+  [[nodiscard]] std::vector<float> exp_avg_sq(std::size_t group, std::size_t param) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace tierflow

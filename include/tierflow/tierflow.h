@@ -1,0 +1,116 @@
+/* tierflow's C ABI: open a device, and create, step, tune, checkpoint and inspect an offloaded
+ * Adam optimizer over raw device pointers. For callers in C, Python (ctypes) and Rust.
+ *
+ * Conventions:
+ * - Every call that can fail returns a tf_status; TF_OK is 0. On failure, tf_last_error()
+ *   returns a message for the calling thread (valid until that thread's next tierflow call).
+ * - Objects are opaque and freed by their destroy call, which accepts NULL.
+ * - No call exits the process or lets a C++ exception escape.
+ */
+#ifndef TIERFLOW_TIERFLOW_H
+#define TIERFLOW_TIERFLOW_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum tf_status {
+  TF_OK = 0,
+  TF_ERR_INVALID_ARGUMENT = 1, /* a bad argument: null pointer, lr < 0, beta >= 1, ... */
+  TF_ERR_OUT_OF_MEMORY = 2,    /* a tier or the device has no room */
+  TF_ERR_DEVICE = 3,           /* a device operation failed */
+  TF_ERR_INPUT = 4,            /* bad input from outside: a file, an env var, a spec */
+  TF_ERR_BUFFER_TOO_SMALL = 5, /* the output buffer cannot hold the result (see *needed) */
+  TF_ERR_INTERNAL = 6          /* anything else */
+} tf_status;
+
+typedef enum tf_dtype { TF_DTYPE_F32 = 0, TF_DTYPE_BF16 = 1, TF_DTYPE_F16 = 2 } tf_dtype;
+
+typedef enum tf_adam_mode { TF_ADAM_CPU = 0, TF_ADAM_STREAMED = 1, TF_ADAM_AUTO = 2 } tf_adam_mode;
+
+typedef enum tf_copy_kind { TF_COPY_H2D = 0, TF_COPY_D2H = 1 } tf_copy_kind;
+
+/* A group's hyper-parameters (tf_adam_hyper_default fills PyTorch's AdamW defaults). */
+typedef struct tf_adam_hyper {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  int decoupled;       /* 1: AdamW (decoupled weight decay); 0: Adam with L2 */
+  int bias_correction; /* 1: on */
+} tf_adam_hyper;
+
+/* One parameter tensor on the device and the group it belongs to. */
+typedef struct tf_adam_param {
+  const char* name; /* may be NULL: a name is made up */
+  void* param;      /* device pointer */
+  const void* grad; /* device pointer, same dtype and count */
+  tf_dtype dtype;
+  size_t elements;
+  size_t group; /* index into the hyper array given to tf_adam_create */
+} tf_adam_param;
+
+typedef struct tf_adam_options {
+  tf_adam_mode mode;
+  size_t chunk_elements; /* 0: the default (1 Mi elements) */
+  unsigned threads;      /* 0: the CPUs near the state */
+  double max_grad_norm;  /* 0: no clipping */
+  double loss_scale;     /* grads are divided by it; 1: none */
+} tf_adam_options;
+
+typedef struct tf_device tf_device;
+typedef struct tf_adam tf_adam;
+
+/* The calling thread's last error message ("" if none). */
+const char* tf_last_error(void);
+/* The library version, e.g. "0.1.0". */
+const char* tf_version(void);
+
+void tf_adam_hyper_default(tf_adam_hyper* hyper);
+void tf_adam_options_default(tf_adam_options* options);
+
+/* spec: "auto", "cuda", "cuda:N" or "emulated" (NULL: "auto"). */
+tf_status tf_device_open(const char* spec, tf_device** out);
+void tf_device_destroy(tf_device* device);
+/* The backend name: "cuda" or "emulated" (valid while the device lives). */
+const char* tf_device_backend(const tf_device* device);
+tf_status tf_device_alloc(tf_device* device, size_t bytes, void** out);
+tf_status tf_device_free(tf_device* device, void* pointer, size_t bytes);
+/* A copy that has finished when the call returns. */
+tf_status tf_device_copy(tf_device* device, void* dst, const void* src, size_t bytes,
+                         tf_copy_kind kind);
+
+/* params[i].group indexes hypers[0 .. groups-1]; every group needs a parameter. The device
+ * must outlive the optimizer. The state is placed by TIERFLOW_PLACEMENT (or the defaults). */
+tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t count,
+                         const tf_adam_hyper* hypers, size_t groups, const tf_adam_options* options,
+                         tf_adam** out);
+void tf_adam_destroy(tf_adam* adam);
+/* One step. applied (may be NULL): 1, or 0 when non-finite grads skipped it. grad_norm (may be
+ * NULL): the global norm of the unscaled grads. */
+tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm);
+/* Sets the lr of every group. */
+tf_status tf_adam_set_lr(tf_adam* adam, double lr);
+tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hyper);
+tf_status tf_adam_step_count(const tf_adam* adam, size_t group, unsigned long long* out);
+/* The mode in force: TF_ADAM_CPU or TF_ADAM_STREAMED. */
+tf_status tf_adam_mode_in_force(const tf_adam* adam, tf_adam_mode* out);
+/* The metrics as JSON into buffer (capacity bytes, NUL included); *needed (may be NULL) gets the
+ * size it takes. TF_ERR_BUFFER_TOO_SMALL when it does not fit (buffer untouched). */
+tf_status tf_adam_metrics_json(const tf_adam* adam, char* buffer, size_t capacity, size_t* needed);
+tf_status tf_adam_save(const tf_adam* adam, const char* path);
+/* Refuses (TF_ERR_INPUT) a truncated, corrupted or mismatched file; the state is then
+ * untouched. */
+tf_status tf_adam_load(tf_adam* adam, const char* path);
+/* Copies parameter `index` (in the order given to tf_adam_create) of the fp32 master weights
+ * into out (elements floats). */
+tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, size_t elements);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIERFLOW_TIERFLOW_H */

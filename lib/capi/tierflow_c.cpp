@@ -1,0 +1,346 @@
+// The C ABI: each call catches everything, maps it to a tf_status and keeps the message in a
+// thread-local string.
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tierflow/build_config.hpp"
+#include "tierflow/device.hpp"
+#include "tierflow/offload_adam.hpp"
+#include "tierflow/placement_policy.hpp"
+#include "tierflow/tierflow.h"
+#include "tierflow/topology.hpp"
+
+struct tf_device {
+  std::unique_ptr<tierflow::device> dev;
+};
+
+struct tf_adam {
+  tierflow::topology topo;
+  tierflow::placement_policy placement;
+  std::unique_ptr<tierflow::offload_adam> opt;
+  std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
+
+  explicit tf_adam(tierflow::topology t) : topo(std::move(t)), placement(topo) {}
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+tf_status fail(tf_status status, std::string message) {
+  last_error = std::move(message);
+  return status;
+}
+
+// Runs @p fn, turning every exception into a status and a message.
+template <typename F>
+tf_status guarded(const char* call, F&& fn) noexcept {
+  try {
+    last_error.clear();
+    fn();
+    return TF_OK;
+  } catch (const tierflow::input_error& e) {
+    return fail(TF_ERR_INPUT, std::string(call) + ": " + e.what());
+  } catch (const tierflow::out_of_capacity& e) {
+    return fail(TF_ERR_OUT_OF_MEMORY, std::string(call) + ": " + e.what());
+  } catch (const tierflow::device_error& e) {
+    return fail(TF_ERR_DEVICE, std::string(call) + ": " + e.what());
+  } catch (const tierflow::error& e) {
+    return fail(TF_ERR_INVALID_ARGUMENT, std::string(call) + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(TF_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory");
+  } catch (const std::exception& e) {
+    return fail(TF_ERR_INTERNAL, std::string(call) + ": " + e.what());
+  } catch (...) {
+    return fail(TF_ERR_INTERNAL, std::string(call) + ": unknown failure");
+  }
+}
+
+void need(const void* p, const char* what) {
+  if (p == nullptr) {
+    throw tierflow::error(std::string(what) + " is NULL");
+  }
+}
+
+tierflow::adam_hyper to_hyper(const tf_adam_hyper& h) {
+  tierflow::adam_hyper out;
+  out.lr = h.lr;
+  out.beta1 = h.beta1;
+  out.beta2 = h.beta2;
+  out.eps = h.eps;
+  out.weight_decay = h.weight_decay;
+  out.decay =
+      h.decoupled != 0 ? tierflow::weight_decay_mode::decoupled : tierflow::weight_decay_mode::l2;
+  out.bias_correction = h.bias_correction != 0;
+  return out;
+}
+
+tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
+  switch (d) {
+    case TF_DTYPE_F32:
+      return tierflow::param_dtype::f32;
+    case TF_DTYPE_BF16:
+      return tierflow::param_dtype::bf16;
+    case TF_DTYPE_F16:
+      return tierflow::param_dtype::f16;
+  }
+  throw tierflow::error("params[" + std::to_string(index) + "]: unknown dtype " +
+                        std::to_string(static_cast<int>(d)));
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tf_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* tf_version(void) {
+  return TIERFLOW_VERSION_STRING;
+}
+
+void tf_adam_hyper_default(tf_adam_hyper* hyper) {
+  if (hyper == nullptr) {
+    return;
+  }
+  const tierflow::adam_hyper d;
+  hyper->lr = d.lr;
+  hyper->beta1 = d.beta1;
+  hyper->beta2 = d.beta2;
+  hyper->eps = d.eps;
+  hyper->weight_decay = 0.01;  // torch.optim.AdamW's default
+  hyper->decoupled = 1;
+  hyper->bias_correction = 1;
+}
+
+void tf_adam_options_default(tf_adam_options* options) {
+  if (options == nullptr) {
+    return;
+  }
+  options->mode = TF_ADAM_AUTO;
+  options->chunk_elements = 0;
+  options->threads = 0;
+  options->max_grad_norm = 0;
+  options->loss_scale = 1;
+}
+
+tf_status tf_device_open(const char* spec, tf_device** out) {
+  return guarded("tf_device_open", [&] {
+    need(out, "out");
+    *out = nullptr;
+    auto d = std::make_unique<tf_device>();
+    d->dev = tierflow::open_device(spec != nullptr ? spec : "auto");
+    *out = d.release();
+  });
+}
+
+void tf_device_destroy(tf_device* device) {
+  delete device;  // the device's destructor waits for its work and never throws
+}
+
+const char* tf_device_backend(const tf_device* device) {
+  return device != nullptr ? device->dev->properties().backend.c_str() : "";
+}
+
+tf_status tf_device_alloc(tf_device* device, size_t bytes, void** out) {
+  return guarded("tf_device_alloc", [&] {
+    need(device, "device");
+    need(out, "out");
+    *out = device->dev->memory().allocate(bytes);
+  });
+}
+
+tf_status tf_device_free(tf_device* device, void* pointer, size_t bytes) {
+  return guarded("tf_device_free", [&] {
+    need(device, "device");
+    device->dev->memory().deallocate(pointer, bytes);
+  });
+}
+
+tf_status tf_device_copy(tf_device* device, void* dst, const void* src, size_t bytes,
+                         tf_copy_kind kind) {
+  return guarded("tf_device_copy", [&] {
+    need(device, "device");
+    if (kind != TF_COPY_H2D && kind != TF_COPY_D2H) {
+      throw tierflow::error("kind must be TF_COPY_H2D or TF_COPY_D2H");
+    }
+    auto& dev = *device->dev;
+    tierflow::stream& s = kind == TF_COPY_H2D ? dev.h2d_stream() : dev.d2h_stream();
+    dev.copy_async(dst, src, bytes,
+                   kind == TF_COPY_H2D ? tierflow::copy_kind::h2d : tierflow::copy_kind::d2h, s);
+    s.synchronize();
+  });
+}
+
+tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t count,
+                         const tf_adam_hyper* hypers, size_t groups, const tf_adam_options* options,
+                         tf_adam** out) {
+  return guarded("tf_adam_create", [&] {
+    need(out, "out");
+    *out = nullptr;
+    need(device, "device");
+    need(params, "params");
+    need(hypers, "hypers");
+    if (count == 0 || groups == 0) {
+      throw tierflow::error("count and groups must be > 0");
+    }
+    std::vector<tierflow::adam_group> gs(groups);
+    for (std::size_t g = 0; g < groups; ++g) {
+      gs[g].hyper = to_hyper(hypers[g]);
+    }
+    auto a = std::make_unique<tf_adam>(tierflow::topology::discover());
+    for (std::size_t i = 0; i < count; ++i) {
+      const tf_adam_param& p = params[i];
+      if (p.group >= groups) {
+        throw tierflow::error("params[" + std::to_string(i) + "].group is " +
+                              std::to_string(p.group) + ", but there are " +
+                              std::to_string(groups) + " groups");
+      }
+      tierflow::adam_param ap;
+      ap.name = p.name != nullptr ? p.name : "param" + std::to_string(i);
+      ap.param = p.param;
+      ap.grad = p.grad;
+      ap.dtype = to_dtype(p.dtype, i);
+      ap.elements = p.elements;
+      a->where.emplace_back(p.group, gs[p.group].params.size());
+      gs[p.group].params.push_back(std::move(ap));
+    }
+    tierflow::adam_options o;
+    if (options != nullptr) {
+      switch (options->mode) {
+        case TF_ADAM_CPU:
+          o.mode = tierflow::adam_mode::cpu;
+          break;
+        case TF_ADAM_STREAMED:
+          o.mode = tierflow::adam_mode::streamed;
+          break;
+        case TF_ADAM_AUTO:
+          o.mode = tierflow::adam_mode::automatic;
+          break;
+        default:
+          throw tierflow::error("options->mode is not a tf_adam_mode");
+      }
+      if (options->chunk_elements != 0) {
+        o.chunk_elements = options->chunk_elements;
+      }
+      o.threads = options->threads;
+      o.max_grad_norm = options->max_grad_norm;
+      o.loss_scale = options->loss_scale;
+    }
+    a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
+    *out = a.release();
+  });
+}
+
+void tf_adam_destroy(tf_adam* adam) {
+  delete adam;
+}
+
+tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
+  return guarded("tf_adam_step", [&] {
+    need(adam, "adam");
+    const auto r = adam->opt->step();
+    if (applied != nullptr) {
+      *applied = r.applied ? 1 : 0;
+    }
+    if (grad_norm != nullptr) {
+      *grad_norm = r.grad_norm;
+    }
+    if (!r.applied) {
+      last_error = r.skip_reason;  // not a failure, but the caller may want to say why
+    }
+  });
+}
+
+tf_status tf_adam_set_lr(tf_adam* adam, double lr) {
+  return guarded("tf_adam_set_lr", [&] {
+    need(adam, "adam");
+    adam->opt->set_lr(lr);
+  });
+}
+
+tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hyper) {
+  return guarded("tf_adam_set_hyper", [&] {
+    need(adam, "adam");
+    need(hyper, "hyper");
+    adam->opt->set_hyper(group, to_hyper(*hyper));
+  });
+}
+
+tf_status tf_adam_step_count(const tf_adam* adam, size_t group, unsigned long long* out) {
+  return guarded("tf_adam_step_count", [&] {
+    need(adam, "adam");
+    need(out, "out");
+    *out = adam->opt->step_count(group);
+  });
+}
+
+tf_status tf_adam_mode_in_force(const tf_adam* adam, tf_adam_mode* out) {
+  return guarded("tf_adam_mode_in_force", [&] {
+    need(adam, "adam");
+    need(out, "out");
+    *out = adam->opt->mode() == tierflow::adam_mode::cpu ? TF_ADAM_CPU : TF_ADAM_STREAMED;
+  });
+}
+
+tf_status tf_adam_metrics_json(const tf_adam* adam, char* buffer, size_t capacity, size_t* needed) {
+  std::string json;
+  const tf_status s = guarded("tf_adam_metrics_json", [&] {
+    need(adam, "adam");
+    json = adam->opt->metrics().to_json();
+  });
+  if (s != TF_OK) {
+    return s;
+  }
+  if (needed != nullptr) {
+    *needed = json.size() + 1;
+  }
+  if (buffer == nullptr || capacity < json.size() + 1) {
+    return fail(TF_ERR_BUFFER_TOO_SMALL, "tf_adam_metrics_json: the JSON needs " +
+                                             std::to_string(json.size() + 1) + " bytes, " +
+                                             std::to_string(capacity) + " given");
+  }
+  std::memcpy(buffer, json.c_str(), json.size() + 1);
+  return TF_OK;
+}
+
+tf_status tf_adam_save(const tf_adam* adam, const char* path) {
+  return guarded("tf_adam_save", [&] {
+    need(adam, "adam");
+    need(path, "path");
+    adam->opt->save(path);
+  });
+}
+
+tf_status tf_adam_load(tf_adam* adam, const char* path) {
+  return guarded("tf_adam_load", [&] {
+    need(adam, "adam");
+    need(path, "path");
+    adam->opt->load(path);
+  });
+}
+
+tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, size_t elements) {
+  return guarded("tf_adam_master_weights", [&] {
+    need(adam, "adam");
+    need(out, "out");
+    if (index >= adam->where.size()) {
+      throw tierflow::error("index " + std::to_string(index) + " out of range (" +
+                            std::to_string(adam->where.size()) + " params)");
+    }
+    const auto [g, i] = adam->where[index];
+    const auto w = adam->opt->master_weights(g, i);
+    if (elements != w.size()) {
+      throw tierflow::error("param " + std::to_string(index) + " has " + std::to_string(w.size()) +
+                            " elements, " + std::to_string(elements) + " asked for");
+    }
+    std::memcpy(out, w.data(), w.size() * sizeof(float));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,80 @@
+#pragma once
+// Files that are either wholly written or not there at all, and whole-file reads with a size
+// limit: for checkpoints and other state that must survive a crash mid-write.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace tierflow::detail {
+
+/**
+ * @brief Writes a file that replaces @p path all at once, or not at all.
+ *
+ * The bytes go to `PATH.tmp.<pid>.<random>` in the same directory (so the rename cannot cross
+ * filesystems); commit() fsyncs it, renames it over PATH and fsyncs the directory. A crash or
+ * an exception before the rename leaves PATH as it was. Errors are tierflow::error with one
+ * line, `WHAT PATH: PROBLEM: STRERROR`, e.g.
+ * `checkpoint /x/y.tfck: write failed: No space left on device`.
+ *
+ * After any failure the temp file is already gone and the writer refuses further use.
+ */
+class durable_writer {
+ public:
+  /**
+   * @brief Creates the temp file beside @p path (mode 0644 before the umask).
+   * @param path the file to replace (or create); its directory must exist
+   * @param what what is being written, e.g. "checkpoint": the start of every error message
+   * @throws tierflow::error naming the path
+   */
+  durable_writer(std::filesystem::path path, std::string what);
+
+  /** @brief Removes the temp file unless commit() succeeded. Never throws. */
+  ~durable_writer();
+
+  durable_writer(const durable_writer&) = delete;
+  durable_writer& operator=(const durable_writer&) = delete;
+
+  /**
+   * @brief Appends @p bytes bytes from @p data (partial writes and EINTR are retried).
+   * @throws tierflow::error naming the path, e.g. when the disk is full
+   */
+  void write(const void* data, std::size_t bytes);
+
+  /**
+   * @brief Makes the file durable and puts it in place: fsync, rename over the path, fsync of
+   * the directory. Call once; the writer is spent afterwards.
+   * @throws tierflow::error naming the path. If only the directory fsync failed, the new file
+   * is already in place, but its name may not survive a crash.
+   */
+  void commit();
+
+  /** @brief The file being replaced. */
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  /** @brief Closes and removes the temp file, then throws tierflow::error for @p problem. */
+  [[noreturn]] void fail(const std::string& problem, int code);
+  /** @brief Closes and removes the temp file if still there; never throws. */
+  void discard() noexcept;
+
+  std::filesystem::path path_;
+  std::filesystem::path temp_;
+  std::string what_;
+  int fd_ = -1;                // the open temp file, or -1 once closed
+  bool temp_present_ = false;  // the temp file exists under temp_ (not yet renamed)
+};
+
+/**
+ * @brief Reads all of @p path, refusing files of more than @p max_bytes bytes.
+ * @param what what the file is, e.g. "checkpoint", for messages
+ * @throws tierflow::input_error naming the path when it is missing or unreadable, is a
+ * directory or other non-regular file, or is larger than @p max_bytes
+ */
+[[nodiscard]] std::vector<unsigned char> read_file(const std::filesystem::path& path,
+                                                   const std::string& what,
+                                                   std::uint64_t max_bytes);
+
+}  // namespace tierflow::detail

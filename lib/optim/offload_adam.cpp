@@ -1,0 +1,822 @@
+// offload_adam: state in tiers, the step in the tier (cpu) or streamed through HBM (streamed).
+//
+// cpu mode, one step:
+//   1. the D2H stream waits for the compute stream (the backward pass), then copies each
+//      chunk's grads into a host buffer, recording an event per chunk;
+//   2. the workers take chunks in order as they land and sum their squares (the norm pass
+//      overlaps the copies); partial sums are per chunk, so the total does not depend on
+//      which thread took which chunk;
+//   3. with the norm known (and finite), the workers update each chunk in place, convert it
+//      to the param dtype into a pinned ring slot and enqueue its H2D: the copy of one chunk
+//      overlaps the update of the next.
+// streamed mode: the norm pass runs on the device, then the prefetch scheduler streams each
+// chunk's master weights and moments into HBM, the kernel (on the emulated device its CPU
+// twin, a host callback) updates them and the device params in place, and the scheduler
+// writes them back behind.
+#include "tierflow/offload_adam.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "optim/adam_checkpoint.hpp"
+#include "optim/adam_internal.hpp"
+#include "optim/adam_kernels.hpp"
+#include "optim/worker_pool.hpp"
+#include "tierflow/log.hpp"
+#include "tierflow/prefetch_scheduler.hpp"
+#include "tierflow/where.hpp"
+
+namespace tierflow {
+
+std::string_view to_string(param_dtype dtype) noexcept {
+  switch (dtype) {
+    case param_dtype::f32:
+      return "f32";
+    case param_dtype::bf16:
+      return "bf16";
+    case param_dtype::f16:
+      return "f16";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_bytes(param_dtype dtype) noexcept {
+  return dtype == param_dtype::f32 ? 4 : 2;
+}
+
+std::string_view to_string(adam_mode mode) noexcept {
+  switch (mode) {
+    case adam_mode::cpu:
+      return "cpu";
+    case adam_mode::streamed:
+      return "streamed";
+    case adam_mode::automatic:
+      return "auto";
+  }
+  return "unknown";
+}
+
+std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept {
+  for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed, adam_mode::automatic}) {
+    if (text == to_string(mode)) {
+      return mode;
+    }
+  }
+  return std::nullopt;
+}
+
+namespace detail {
+
+namespace {
+
+std::string number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+}  // namespace
+
+void check_hyper(const adam_hyper& h, const std::string& where) {
+  const auto fail = [&](const std::string& what, double value) {
+    throw error("offload_adam: " + where + ": " + what + ", not " + number(value));
+  };
+  if (!std::isfinite(h.lr) || h.lr < 0) {
+    fail("lr must be finite and >= 0", h.lr);
+  }
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) {
+    fail("beta1 must be in [0, 1)", h.beta1);
+  }
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) {
+    fail("beta2 must be in [0, 1)", h.beta2);
+  }
+  if (!std::isfinite(h.eps) || h.eps <= 0) {
+    fail("eps must be finite and > 0", h.eps);
+  }
+  if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
+    fail("weight_decay must be finite and >= 0", h.weight_decay);
+  }
+  if (h.decay != weight_decay_mode::decoupled && h.decay != weight_decay_mode::l2) {
+    throw error("offload_adam: " + where + ": unknown weight decay mode");
+  }
+}
+
+}  // namespace detail
+
+using detail::adam_scalars;
+using detail::chunk_ref;
+using detail::param_state;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+unsigned usable_cpus() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : n;
+}
+
+// The node holding most of [p, p + bytes), or -1 when unknown (not faulted in, no NUMA).
+int node_of(const void* p, std::size_t bytes) {
+  try {
+    const page_residency r = where(p, bytes);
+    int best = -1;
+    std::size_t most = 0;
+    for (const auto& [node, pages] : r.pages_on_node) {
+      if (pages > most) {
+        best = node;
+        most = pages;
+      }
+    }
+    return best;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// Host memory registered with the device for its lifetime.
+struct registration {
+  page_locker* locker = nullptr;
+  void* address = nullptr;
+  std::size_t bytes = 0;
+};
+
+}  // namespace
+
+struct offload_adam::impl {
+  device& dev;
+  adam_options options;
+  placement_policy& placement;
+  std::vector<detail::group_state> groups;
+  std::vector<chunk_ref> chunks;
+  adam_kernel kernel = adam_kernel::scalar;
+  adam_mode mode = adam_mode::cpu;
+  std::string mode_reason;
+  std::uint64_t total_elements = 0;
+
+  tier_allocation grads_host;         // every param's grads, dtype as on the device
+  std::vector<tier_allocation> ring;  // cpu mode: 16-bit params on their way to the device
+  std::unique_ptr<std::mutex[]> ring_mutex;
+  std::vector<std::unique_ptr<event>> ring_events;
+  std::vector<std::unique_ptr<event>> chunk_events;
+  std::unique_ptr<event> compute_done;
+  std::vector<registration> registered;
+  std::map<int, std::unique_ptr<detail::worker_pool>> pools;  // by node (-1: unpinned)
+  std::map<int, std::vector<std::size_t>> chunks_by_node;
+  unsigned threads = 0;
+  std::vector<double> partial;  // per chunk: Σ g²
+
+  // streamed mode
+  std::unique_ptr<prefetch_scheduler> scheduler;
+  std::vector<std::array<buffer_id, 3>> chunk_buffers;  // master, m, v
+  std::unique_ptr<detail::device_adam> device_side;
+
+  adam_metrics totals;
+
+  impl(device& d, adam_options o, placement_policy& p)
+      : dev(d), options(std::move(o)), placement(p) {}
+
+  ~impl() {
+    scheduler.reset();
+    try {
+      dev.synchronize();
+    } catch (const std::exception& e) {
+      detail::log(log_level::warning,
+                  std::string("offload_adam: device work failed while shutting down: ") + e.what());
+    }
+    for (const auto& r : registered) {
+      r.locker->unlock(r.address, r.bytes);
+    }
+  }
+
+  void register_host(void* address, std::size_t bytes) {
+    page_locker& locker = dev.host_registration();
+    locker.lock(address, bytes);
+    registered.push_back({&locker, address, bytes});
+  }
+
+  void validate(const std::vector<adam_group>& in) const;
+  void allocate_state(std::vector<adam_group>& in);
+  void make_chunks();
+  void choose_mode();
+  void start_workers();
+  void read_initial_params();
+  void build_streamed();
+  adam_step_result run_cpu_step(adam_step_result result);
+  adam_step_result run_streamed_step(adam_step_result result);
+  void upload_params();
+  void flush_state();
+  adam_scalars scalars_for(std::size_t group, double grad_scale) const {
+    const auto& g = groups[group];
+    return detail::make_adam_scalars(g.hyper, g.steps + 1, grad_scale);
+  }
+  const detail::group_state& group_at(std::size_t group) const {
+    if (group >= groups.size()) {
+      throw error("offload_adam: group " + std::to_string(group) + " out of range (" +
+                  std::to_string(groups.size()) + " groups)");
+    }
+    return groups[group];
+  }
+  const param_state& param_at(std::size_t group, std::size_t param) const {
+    const auto& g = group_at(group);
+    if (param >= g.params.size()) {
+      throw error("offload_adam: param " + std::to_string(param) + " of group " +
+                  std::to_string(group) + " out of range (" + std::to_string(g.params.size()) +
+                  " params)");
+    }
+    return g.params[param];
+  }
+  std::string skip_reason() const;
+  // From the chunks' Σ g²: the norm, the clip coefficient and each group's scalars; false
+  // (with the reason in @p result) when a grad is not finite.
+  bool judge_grads(adam_step_result& result, std::vector<adam_scalars>& scalars) const {
+    double total = 0;
+    for (double sum : partial) {
+      total += sum;
+    }
+    result.grad_norm = std::sqrt(total) / options.loss_scale;
+    if (!std::isfinite(result.grad_norm)) {
+      result.skip_reason = skip_reason();
+      return false;
+    }
+    if (options.max_grad_norm > 0) {
+      result.clip_coef = std::min(1.0, options.max_grad_norm / (result.grad_norm + 1e-6));
+    }
+    const double grad_scale = result.clip_coef / options.loss_scale;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      scalars.push_back(scalars_for(g, grad_scale));
+    }
+    return true;
+  }
+};
+
+void offload_adam::impl::validate(const std::vector<adam_group>& in) const {
+  TIERFLOW_EXPECTS(!in.empty(), "offload_adam needs at least one parameter group");
+  if (options.chunk_elements == 0) {
+    throw error("offload_adam: chunk_elements must be > 0");
+  }
+  if (!std::isfinite(options.loss_scale) || options.loss_scale <= 0) {
+    throw error("offload_adam: loss_scale must be finite and > 0, not " +
+                std::to_string(options.loss_scale));
+  }
+  if (!std::isfinite(options.max_grad_norm) || options.max_grad_norm < 0) {
+    throw error("offload_adam: max_grad_norm must be finite and >= 0 (0: no clipping), not " +
+                std::to_string(options.max_grad_norm));
+  }
+  for (double rate : {options.h2d_gbps, options.d2h_gbps, options.host_memory_gbps}) {
+    if (!std::isfinite(rate) || rate < 0) {
+      throw error("offload_adam: measured rates must be finite and >= 0 (0: unknown)");
+    }
+  }
+  std::set<std::string> names;
+  for (std::size_t gi = 0; gi < in.size(); ++gi) {
+    const std::string where = "group " + std::to_string(gi);
+    detail::check_hyper(in[gi].hyper, where);
+    if (in[gi].params.empty()) {
+      throw error("offload_adam: " + where + " has no parameters");
+    }
+    for (std::size_t pi = 0; pi < in[gi].params.size(); ++pi) {
+      const adam_param& p = in[gi].params[pi];
+      const std::string what =
+          where + " param " + std::to_string(pi) + (p.name.empty() ? "" : " '" + p.name + "'");
+      if (p.param == nullptr) {
+        throw error("offload_adam: " + what + ": param pointer is null");
+      }
+      if (p.grad == nullptr) {
+        throw error("offload_adam: " + what + ": grad pointer is null");
+      }
+      if (p.elements == 0) {
+        throw error("offload_adam: " + what + ": zero elements");
+      }
+      if (p.dtype != param_dtype::f32 && p.dtype != param_dtype::bf16 &&
+          p.dtype != param_dtype::f16) {
+        throw error("offload_adam: " + what + ": unknown dtype");
+      }
+      if (!names.insert(p.name).second) {
+        throw error("offload_adam: " + what + ": the name is used twice");
+      }
+    }
+  }
+}
+
+void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
+  std::size_t grad_bytes = 0;
+  for (std::size_t gi = 0; gi < in.size(); ++gi) {
+    detail::group_state g;
+    g.hyper = in[gi].hyper;
+    for (std::size_t pi = 0; pi < in[gi].params.size(); ++pi) {
+      adam_param& desc = in[gi].params[pi];
+      if (desc.name.empty()) {
+        desc.name = "g" + std::to_string(gi) + ".p" + std::to_string(pi);
+      }
+      param_state p;
+      p.desc = desc;
+      p.master = placement.allocate(data_class::master_params, desc.elements * sizeof(float));
+      p.moments =
+          placement.allocate(data_class::optimizer_state, 2 * desc.elements * sizeof(float));
+      std::memset(p.moments.data(), 0, p.moments.size());
+      p.grad_offset = grad_bytes;
+      grad_bytes += (desc.elements * dtype_bytes(desc.dtype) + 63) / 64 * 64;
+      total_elements += desc.elements;
+      totals.state_bytes += p.master.size() + p.moments.size();
+      g.params.push_back(std::move(p));
+    }
+    groups.push_back(std::move(g));
+  }
+  grads_host = placement.allocate(data_class::grads, grad_bytes);
+  register_host(grads_host.data(), grads_host.size());
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      register_host(p.master.data(), p.master.size());
+      register_host(p.moments.data(), p.moments.size());
+    }
+  }
+}
+
+void offload_adam::impl::make_chunks() {
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    for (std::size_t pi = 0; pi < groups[gi].params.size(); ++pi) {
+      const param_state& p = groups[gi].params[pi];
+      for (std::size_t off = 0; off < p.desc.elements; off += options.chunk_elements) {
+        chunk_ref c;
+        c.group = gi;
+        c.param = pi;
+        c.offset = off;
+        c.count = std::min(options.chunk_elements, p.desc.elements - off);
+        c.index = chunks.size();
+        c.node = node_of(p.moments_m() + off, c.count * sizeof(float));
+        chunks.push_back(c);
+      }
+    }
+  }
+  partial.assign(chunks.size(), 0.0);
+  totals.chunks = chunks.size();
+  totals.params = total_elements;
+}
+
+void offload_adam::impl::choose_mode() {
+  const auto& props = dev.properties();
+  if (options.mode != adam_mode::automatic) {
+    mode = options.mode;
+    mode_reason = "asked for";
+    return;
+  }
+  // Bytes per param: cpu mode moves the grad down and the param up over the link and touches
+  // 28 B in host memory (read p, g, m, v; write p, m, v); streamed mode moves the 12 B of
+  // state each way and updates in HBM.
+  double param_bytes = 0;
+  for (const auto& g : groups) {
+    for (const auto& p : g.params) {
+      param_bytes += static_cast<double>(p.desc.elements * dtype_bytes(p.desc.dtype));
+    }
+  }
+  const double per_param = param_bytes / static_cast<double>(total_elements);
+  const double h2d = options.h2d_gbps > 0 ? options.h2d_gbps : props.h2d_gbps.value_or(25.0);
+  const double d2h = options.d2h_gbps > 0 ? options.d2h_gbps : props.d2h_gbps.value_or(25.0);
+  const double host = options.host_memory_gbps > 0 ? options.host_memory_gbps
+                                                   : detail::measure_host_bandwidth_gbps();
+  const double cpu_ns = per_param / d2h + std::max(28.0 / host, per_param / h2d);
+  const double streamed_ns =
+      props.full_duplex ? std::max(12.0 / h2d, 12.0 / d2h) : 12.0 / h2d + 12.0 / d2h;
+  std::ostringstream why;
+  why.precision(3);
+  why << "cpu " << cpu_ns << " ns/param (grads " << per_param << " B down at " << d2h
+      << " GB/s, then 28 B through host memory at " << host << " GB/s) vs streamed " << streamed_ns
+      << " ns/param (12 B of state each way at " << h2d << "/" << d2h << " GB/s)";
+  mode = cpu_ns <= streamed_ns ? adam_mode::cpu : adam_mode::streamed;
+  mode_reason = why.str();
+}
+
+void offload_adam::impl::start_workers() {
+  for (const auto& c : chunks) {
+    chunks_by_node[c.node].push_back(c.index);
+  }
+  threads = options.threads != 0 ? options.threads : usable_cpus();
+  threads = std::max<unsigned>(threads, static_cast<unsigned>(chunks_by_node.size()));
+  // Workers per node in proportion to its chunks, at least one each.
+  unsigned left = threads;
+  std::size_t chunks_left = chunks.size();
+  for (auto it = chunks_by_node.begin(); it != chunks_by_node.end(); ++it) {
+    const std::size_t nodes_after =
+        static_cast<std::size_t>(std::distance(it, chunks_by_node.end())) - 1;
+    unsigned n = static_cast<unsigned>(std::max<std::size_t>(
+        1, (static_cast<std::size_t>(left) * it->second.size() + chunks_left / 2) / chunks_left));
+    n = std::min<unsigned>(n, left - static_cast<unsigned>(nodes_after));
+    left -= n;
+    chunks_left -= it->second.size();
+    pools[it->first] = std::make_unique<detail::worker_pool>(std::vector<int>(n, it->first));
+  }
+  totals.threads = threads;
+}
+
+void offload_adam::impl::read_initial_params() {
+  stream& d2h = dev.d2h_stream();
+  compute_done = dev.create_event();
+  dev.compute_stream().record(*compute_done);
+  d2h.wait(*compute_done);
+  auto* host = static_cast<unsigned char*>(grads_host.data());
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      dev.copy_async(host + p.grad_offset, p.desc.param,
+                     p.desc.elements * dtype_bytes(p.desc.dtype), copy_kind::d2h, d2h);
+    }
+  }
+  d2h.synchronize();
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      detail::load_as_f32(host + p.grad_offset, p.desc.dtype, p.master_p(), p.desc.elements);
+    }
+  }
+}
+
+void offload_adam::impl::build_streamed() {
+  schedule_plan plan;
+  std::uint64_t largest = 0;
+  for (const auto& c : chunks) {
+    param_state& p = groups[c.group].params[c.param];
+    const std::size_t bytes = c.count * sizeof(float);
+    const std::string base = p.desc.name + "#" + std::to_string(c.offset / options.chunk_elements);
+    std::array<buffer_id, 3> ids{};
+    ids[0] = plan.add_buffer({base + ".master", p.master_p() + c.offset, bytes, false, true});
+    ids[1] = plan.add_buffer({base + ".exp_avg", p.moments_m() + c.offset, bytes, false, true});
+    ids[2] = plan.add_buffer({base + ".exp_avg_sq", p.moments_v() + c.offset, bytes, false, true});
+    plan.add_step({base, {}, {ids[0], ids[1], ids[2]}});
+    chunk_buffers.push_back(ids);
+    largest = std::max<std::uint64_t>(largest, 3 * (bytes + 256));
+  }
+  scheduler_options so;
+  so.window = options.window;
+  so.hbm_budget_bytes =
+      options.hbm_budget_bytes != 0 ? options.hbm_budget_bytes : (options.window + 2) * largest;
+  so.h2d_gbps = options.h2d_gbps;
+  so.d2h_gbps = options.d2h_gbps;
+  scheduler = std::make_unique<prefetch_scheduler>(dev, std::move(plan), so);
+  device_side = detail::make_device_adam(dev, kernel, chunks.size());
+}
+
+std::string offload_adam::impl::skip_reason() const {
+  for (const auto& c : chunks) {
+    if (!std::isfinite(partial[c.index])) {
+      const auto& p = groups[c.group].params[c.param];
+      return "non-finite grad in '" + p.desc.name + "' (elements " + std::to_string(c.offset) +
+             ".." + std::to_string(c.offset + c.count - 1) + "): step skipped, state unchanged";
+    }
+  }
+  return "non-finite grad norm: step skipped, state unchanged";
+}
+
+adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
+  stream& d2h = dev.d2h_stream();
+  stream& h2d = dev.h2d_stream();
+  auto* host = static_cast<unsigned char*>(grads_host.data());
+  const auto grads_start = clock_type::now();
+
+  // 1. Grads down, chunk by chunk, after the work that made them.
+  dev.compute_stream().record(*compute_done);
+  d2h.wait(*compute_done);
+  for (const auto& c : chunks) {
+    const param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    dev.copy_async(host + p.grad_offset + c.offset * eb,
+                   static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb, c.count * eb,
+                   copy_kind::d2h, d2h);
+    d2h.record(*chunk_events[c.index]);
+    totals.bytes_d2h += c.count * eb;
+  }
+  // 2. Σ g² per chunk as each lands.
+  const auto sum_chunk = [this, host](std::size_t index) {
+    const chunk_ref& c = chunks[index];
+    chunk_events[index]->synchronize();
+    const param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    partial[index] = detail::grad_sum_squares(kernel, host + p.grad_offset + c.offset * eb,
+                                              p.desc.dtype, c.count);
+  };
+  for (auto& [node, pool] : pools) {
+    const auto* mine = &chunks_by_node[node];
+    pool->start(mine->size(),
+                [&, mine](std::size_t task, std::size_t) { sum_chunk((*mine)[task]); });
+  }
+  std::exception_ptr failure = nullptr;
+  for (auto& [node, pool] : pools) {
+    try {
+      pool->wait();
+    } catch (...) {
+      failure = failure ? failure : std::current_exception();
+    }
+  }
+  if (failure) {
+    // The state is untouched; let the copies that are still queued finish before reporting.
+    try {
+      d2h.synchronize();
+    } catch (const std::exception&) {
+    }
+    std::rethrow_exception(failure);
+  }
+  totals.grad_seconds += seconds_since(grads_start);
+  std::vector<adam_scalars> scalars;
+  if (!judge_grads(result, scalars)) {
+    return result;
+  }
+
+  // 3. Update each chunk in place, then send its params up while the next one updates.
+  const auto update_start = clock_type::now();
+  const auto update_chunk = [&, host](std::size_t index, std::size_t slot_hint) {
+    const chunk_ref& c = chunks[index];
+    param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    float* master = p.master_p() + c.offset;
+    detail::adam_update(kernel, master, p.moments_m() + c.offset, p.moments_v() + c.offset,
+                        host + p.grad_offset + c.offset * eb, p.desc.dtype, c.count,
+                        scalars[c.group]);
+    void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
+    if (p.desc.dtype == param_dtype::f32) {
+      dev.copy_async(dst, master, c.count * eb, copy_kind::h2d, h2d);
+      return;
+    }
+    const std::size_t slot = slot_hint % ring.size();
+    const std::lock_guard lock(ring_mutex[slot]);
+    ring_events[slot]->synchronize();  // its previous chunk has left
+    detail::store_params(kernel, master, ring[slot].data(), p.desc.dtype, c.count);
+    dev.copy_async(dst, ring[slot].data(), c.count * eb, copy_kind::h2d, h2d);
+    h2d.record(*ring_events[slot]);
+  };
+  std::vector<std::size_t> turns(threads, 0);  // each worker's own count
+  std::size_t pool_base = 0;
+  for (auto& [node, pool] : pools) {
+    const auto* mine = &chunks_by_node[node];
+    const std::size_t base = pool_base;
+    pool->start(mine->size(), [&, mine, base](std::size_t task, std::size_t worker) {
+      // Each worker of each pool has its own pair of ring slots, used in turn.
+      update_chunk((*mine)[task], 2 * (base + worker) + turns[base + worker]++ % 2);
+    });
+    pool_base += pool->size();
+  }
+  for (auto& [node, pool] : pools) {
+    pool->wait();  // the kernels do not throw; copy_async throws only for bad arguments
+  }
+  totals.update_seconds += seconds_since(update_start);
+  for (auto& g : groups) {
+    ++g.steps;
+  }
+  result.applied = true;
+  for (const auto& c : chunks) {
+    totals.bytes_h2d += c.count * dtype_bytes(groups[c.group].params[c.param].desc.dtype);
+  }
+  // The state has stepped; a failed upload leaves the device params behind the master
+  // weights, which the next upload_params() (load(), or a retry here) brings back in line.
+  try {
+    h2d.synchronize();
+  } catch (const device_error& e) {
+    throw device_error(std::string("offload_adam: the step was applied to the state, but "
+                                   "sending the params to the device failed: ") +
+                       e.what());
+  }
+  return result;
+}
+
+adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) {
+  stream& compute = dev.compute_stream();
+  // The norm pass on the device, then one host sync for the verdict.
+  for (const auto& c : chunks) {
+    const param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    device_side->sum_squares(compute, c.index,
+                             static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
+                             p.desc.dtype, c.count);
+  }
+  device_side->collect(compute, partial);
+  std::vector<adam_scalars> scalars;
+  if (!judge_grads(result, scalars)) {
+    return result;
+  }
+  for (const auto& c : chunks) {
+    const staged_step& staged = scheduler->acquire(c.index);
+    param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    auto* master = static_cast<float*>(staged.pointer(chunk_buffers[c.index][0]));
+    auto* m = static_cast<float*>(staged.pointer(chunk_buffers[c.index][1]));
+    auto* v = static_cast<float*>(staged.pointer(chunk_buffers[c.index][2]));
+    const void* grad = static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb;
+    void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
+    device_side->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
+                        scalars[c.group]);
+    scheduler->release(c.index, true);
+  }
+  compute.synchronize();
+  for (auto& g : groups) {
+    ++g.steps;
+  }
+  result.applied = true;
+  return result;
+}
+
+void offload_adam::impl::upload_params() {
+  flush_state();
+  stream& h2d = dev.h2d_stream();
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      const std::size_t eb = dtype_bytes(p.desc.dtype);
+      if (p.desc.dtype == param_dtype::f32) {
+        dev.copy_async(p.desc.param, p.master_p(), p.desc.elements * eb, copy_kind::h2d, h2d);
+        continue;
+      }
+      // The grads buffer has room for every param in its own dtype.
+      auto* staging = static_cast<unsigned char*>(grads_host.data()) + p.grad_offset;
+      detail::store_params(kernel, p.master_p(), staging, p.desc.dtype, p.desc.elements);
+      dev.copy_async(p.desc.param, staging, p.desc.elements * eb, copy_kind::h2d, h2d);
+    }
+  }
+  h2d.synchronize();
+}
+
+void offload_adam::impl::flush_state() {
+  if (scheduler) {
+    scheduler->flush();
+  }
+}
+
+offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_options options,
+                           placement_policy& placement)
+    : impl_(std::make_unique<impl>(dev, std::move(options), placement)) {
+  impl& s = *impl_;
+  s.validate(groups);
+  s.kernel = detail::resolve_kernel(s.options.kernel);
+  s.allocate_state(groups);
+  s.make_chunks();
+  s.choose_mode();
+  for (std::size_t i = 0; i < s.chunks.size(); ++i) {
+    s.chunk_events.push_back(dev.create_event());
+  }
+  s.read_initial_params();
+  if (s.mode == adam_mode::cpu) {
+    s.start_workers();
+    bool narrow = false;
+    for (const auto& g : s.groups) {
+      for (const auto& p : g.params) {
+        narrow = narrow || p.desc.dtype != param_dtype::f32;
+      }
+    }
+    if (narrow) {
+      const std::size_t slots = 2 * s.threads;
+      s.ring_mutex = std::make_unique<std::mutex[]>(slots);
+      for (std::size_t i = 0; i < slots; ++i) {
+        s.ring.push_back(s.placement.allocate(data_class::staging, s.options.chunk_elements * 2));
+        s.register_host(s.ring.back().data(), s.ring.back().size());
+        s.ring_events.push_back(dev.create_event());
+      }
+    }
+  } else {
+    s.totals.threads = 0;
+    s.build_streamed();
+  }
+  s.totals.mode = s.mode;
+  s.totals.mode_reason = s.mode_reason;
+  s.totals.kernel = s.kernel;
+  detail::log(log_level::info, "offload_adam: " + std::to_string(s.total_elements) + " params in " +
+                                   std::to_string(s.chunks.size()) + " chunks, mode " +
+                                   std::string(to_string(s.mode)) + " (" + s.mode_reason +
+                                   "), kernel " + std::string(to_string(s.kernel)));
+}
+
+offload_adam::~offload_adam() = default;
+
+adam_step_result offload_adam::step() {
+  impl& s = *impl_;
+  const auto start = clock_type::now();
+  adam_step_result result;
+  result = s.mode == adam_mode::cpu ? s.run_cpu_step(std::move(result))
+                                    : s.run_streamed_step(std::move(result));
+  result.seconds = seconds_since(start);
+  if (result.applied) {
+    ++s.totals.steps;
+  } else {
+    ++s.totals.skipped_steps;
+    detail::log(log_level::warning, "offload_adam: " + result.skip_reason);
+  }
+  s.totals.step_seconds_total += result.seconds;
+  s.totals.last_step_seconds = result.seconds;
+  return result;
+}
+
+const adam_hyper& offload_adam::hyper(std::size_t group) const {
+  return impl_->group_at(group).hyper;
+}
+
+void offload_adam::set_hyper(std::size_t group, const adam_hyper& hyper) {
+  impl_->group_at(group);
+  detail::check_hyper(hyper, "group " + std::to_string(group));
+  impl_->groups[group].hyper = hyper;
+}
+
+void offload_adam::set_lr(double lr) {
+  for (std::size_t g = 0; g < impl_->groups.size(); ++g) {
+    adam_hyper h = impl_->groups[g].hyper;
+    h.lr = lr;
+    detail::check_hyper(h, "group " + std::to_string(g));
+  }
+  for (auto& g : impl_->groups) {
+    g.hyper.lr = lr;
+  }
+}
+
+std::uint64_t offload_adam::step_count(std::size_t group) const {
+  return impl_->group_at(group).steps;
+}
+
+std::size_t offload_adam::group_count() const noexcept {
+  return impl_->groups.size();
+}
+
+adam_mode offload_adam::mode() const noexcept {
+  return impl_->mode;
+}
+
+const std::string& offload_adam::mode_reason() const noexcept {
+  return impl_->mode_reason;
+}
+
+adam_kernel offload_adam::kernel() const noexcept {
+  return impl_->kernel;
+}
+
+void offload_adam::save(const std::filesystem::path& path) const {
+  impl_->flush_state();
+  detail::save_checkpoint(path, impl_->groups, impl_->options.chunk_elements);
+}
+
+void offload_adam::load(const std::filesystem::path& path) {
+  impl_->flush_state();
+  detail::load_checkpoint(path, impl_->groups);
+  impl_->upload_params();
+}
+
+adam_metrics offload_adam::metrics() const {
+  adam_metrics m = impl_->totals;
+  if (impl_->scheduler) {
+    m.bytes_h2d = impl_->scheduler->metrics().bytes_in;
+    m.bytes_d2h = impl_->scheduler->metrics().bytes_out;
+  }
+  return m;
+}
+
+namespace {
+
+std::vector<float> copy_of(const float* p, std::size_t n) {
+  return {p, p + n};
+}
+
+}  // namespace
+
+std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t param) const {
+  const auto& p = impl_->param_at(group, param);
+  impl_->flush_state();
+  return copy_of(p.master_p(), p.desc.elements);
+}
+
+std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) const {
+  const auto& p = impl_->param_at(group, param);
+  impl_->flush_state();
+  return copy_of(p.moments_m(), p.desc.elements);
+}
+
+std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param) const {
+  const auto& p = impl_->param_at(group, param);
+  impl_->flush_state();
+  return copy_of(p.moments_v(), p.desc.elements);
+}
+
+std::string adam_metrics::to_json() const {
+  std::ostringstream out;
+  out.precision(9);
+  std::string reason;
+  for (char ch : mode_reason) {
+    if (ch == '"' || ch == '\\') {
+      reason += '\\';
+    }
+    reason += ch;
+  }
+  out << "{\"schema_version\":1,\"adam\":{\"mode\":\"" << to_string(mode) << "\",\"mode_reason\":\""
+      << reason << "\",\"kernel\":\"" << to_string(kernel) << "\",\"threads\":" << threads
+      << ",\"params\":" << params << ",\"chunks\":" << chunks << ",\"steps\":" << steps
+      << ",\"skipped_steps\":" << skipped_steps << ",\"step_seconds_total\":" << step_seconds_total
+      << ",\"last_step_seconds\":" << last_step_seconds << ",\"grad_seconds\":" << grad_seconds
+      << ",\"update_seconds\":" << update_seconds << ",\"bytes_d2h\":" << bytes_d2h
+      << ",\"bytes_h2d\":" << bytes_h2d << ",\"state_bytes\":" << state_bytes << "}}";
+  return out.str();
+}
+
+}  // namespace tierflow

@@ -1,0 +1,92 @@
+#include "optim/worker_pool.hpp"
+
+#include "platform/numa.hpp"
+
+namespace tierflow::detail {
+
+worker_pool::worker_pool(const std::vector<int>& nodes) {
+  threads_.reserve(nodes.size());
+  try {
+    for (std::size_t w = 0; w < nodes.size(); ++w) {
+      threads_.emplace_back([this, w, node = nodes[w]] { work(w, node); });
+    }
+  } catch (...) {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) {
+      t.join();
+    }
+    throw;
+  }
+}
+
+worker_pool::~worker_pool() {
+  {
+    const std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) {
+    t.join();
+  }
+}
+
+void worker_pool::start(std::size_t tasks, std::function<void(std::size_t, std::size_t)> fn) {
+  const std::lock_guard lock(mutex_);
+  fn_ = std::move(fn);
+  tasks_ = tasks;
+  next_ = 0;
+  finished_ = 0;
+  failure_ = nullptr;
+  ++generation_;
+  start_cv_.notify_all();
+}
+
+void worker_pool::wait() {
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return finished_ == tasks_; });
+  fn_ = nullptr;
+  tasks_ = 0;
+  if (failure_) {
+    std::exception_ptr failure = nullptr;
+    std::swap(failure, failure_);
+    std::rethrow_exception(failure);
+  }
+}
+
+void worker_pool::work(std::size_t worker, int node) {
+  if (node >= 0) {
+    (void)platform::run_on_node(node);  // best effort: an unpinned worker still computes right
+  }
+  std::size_t seen = 0;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    start_cv_.wait(lock, [&] { return stopping_ || (generation_ != seen && next_ < tasks_); });
+    if (stopping_) {
+      return;
+    }
+    while (next_ < tasks_) {
+      const std::size_t task = next_++;
+      lock.unlock();
+      std::exception_ptr failure = nullptr;
+      try {
+        fn_(task, worker);  // fn_ is not replaced before every task of the batch is finished
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      if (failure && !failure_) {
+        failure_ = failure;
+      }
+      if (++finished_ == tasks_) {
+        done_cv_.notify_all();
+      }
+    }
+    seen = generation_;
+  }
+}
+
+}  // namespace tierflow::detail

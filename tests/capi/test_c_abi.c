@@ -1,0 +1,229 @@
+/* The C ABI from C: an optimizer over emulated device memory, stepped and checked against a
+ * scalar AdamW written here; errors as codes with messages; metrics; save and load. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tierflow/tierflow.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              tf_last_error());                                                               \
+      ++failures;                                                                             \
+    }                                                                                         \
+  } while (0)
+
+static uint64_t rng_state;
+static double uniform(void) { /* xorshift64*, in (0, 1) */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return ((double)((rng_state * 2685821657736338717ULL) >> 11) + 0.5) / 9007199254740992.0;
+}
+static float normal(void) {
+  return (float)(sqrt(-2.0 * log(uniform())) * cos(6.283185307179586 * uniform()));
+}
+
+/* AdamW on one element, as tierflow's header states it (volatile: one rounding per op). */
+static void reference(float* p, float* m, float* v, float grad, double lr, double b1, double b2,
+                      double eps, double wd, unsigned long long t) {
+  const float decay = (float)(1.0 - lr * wd);
+  const float step = (float)(-(lr / (1.0 - pow(b1, (double)t))));
+  const float bc2 = (float)sqrt(1.0 - pow(b2, (double)t));
+  volatile float g = grad * 1.0f;
+  volatile float pp = *p * decay;
+  volatile float a = *m * (float)b1, b = (float)(1.0 - b1) * g;
+  volatile float mm = a + b;
+  volatile float c = *v * (float)b2, d = (float)(1.0 - b2) * g;
+  volatile float e = d * g;
+  volatile float vv = c + e;
+  volatile float root = sqrtf(vv);
+  volatile float denom = root / bc2 + (float)eps;
+  volatile float num = step * mm;
+  volatile float upd = num / denom;
+  *p = pp + upd;
+  *m = mm;
+  *v = vv;
+}
+
+int main(int argc, char** argv) {
+  const char* seed_text = getenv("TIERFLOW_TEST_SEED");
+  rng_state =
+      seed_text != NULL ? strtoull(seed_text, NULL, 10) : (uint64_t)time(NULL) * 2654435761u;
+  if (rng_state == 0) {
+    rng_state = 88172645463325252ULL;
+  }
+  printf("test_c_abi: random seed %llu (replay with TIERFLOW_TEST_SEED)\n",
+         (unsigned long long)rng_state);
+  const char* dir = argc > 1 ? argv[1] : ".";
+  printf("tierflow %s\n", tf_version());
+
+  tf_device* dev = NULL;
+  CHECK(tf_device_open("no-such-backend", &dev) == TF_ERR_INPUT);
+  CHECK(strstr(tf_last_error(), "no-such-backend") != NULL);
+  CHECK(dev == NULL);
+  CHECK(tf_device_open("emulated", NULL) == TF_ERR_INVALID_ARGUMENT);
+  if (tf_device_open("emulated", &dev) != TF_OK) {
+    fprintf(stderr, "cannot open the emulated device: %s\n", tf_last_error());
+    return 1;
+  }
+  CHECK(strcmp(tf_device_backend(dev), "emulated") == 0);
+
+  enum { N0 = 1500, N1 = 333, STEPS = 5 };
+  const size_t sizes[2] = {N0, N1};
+  float* host_p[2];
+  float* ref_p[2];
+  float* ref_m[2];
+  float* ref_v[2];
+  float* host_g[2];
+  void* dev_p[2];
+  void* dev_g[2];
+  for (int i = 0; i < 2; ++i) {
+    host_p[i] = malloc(sizes[i] * sizeof(float));
+    host_g[i] = malloc(sizes[i] * sizeof(float));
+    ref_p[i] = malloc(sizes[i] * sizeof(float));
+    ref_m[i] = calloc(sizes[i], sizeof(float));
+    ref_v[i] = calloc(sizes[i], sizeof(float));
+    for (size_t e = 0; e < sizes[i]; ++e) {
+      host_p[i][e] = ref_p[i][e] = normal();
+    }
+    CHECK(tf_device_alloc(dev, sizes[i] * sizeof(float), &dev_p[i]) == TF_OK);
+    CHECK(tf_device_alloc(dev, sizes[i] * sizeof(float), &dev_g[i]) == TF_OK);
+    CHECK(tf_device_copy(dev, dev_p[i], host_p[i], sizes[i] * sizeof(float), TF_COPY_H2D) == TF_OK);
+  }
+
+  tf_adam_hyper hyper;
+  tf_adam_hyper_default(&hyper);
+  hyper.lr = 2e-3;
+  tf_adam_options options;
+  tf_adam_options_default(&options);
+  options.mode = TF_ADAM_CPU;
+  options.chunk_elements = 256;
+  tf_adam_param params[2] = {
+      {"w0", dev_p[0], dev_g[0], TF_DTYPE_F32, N0, 0},
+      {"w1", dev_p[1], dev_g[1], TF_DTYPE_F32, N1, 0},
+  };
+
+  /* Bad arguments: a code, a message, no optimizer. */
+  tf_adam* adam = NULL;
+  tf_adam_hyper bad = hyper;
+  bad.lr = -1;
+  CHECK(tf_adam_create(dev, params, 2, &bad, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "lr must be") != NULL);
+  CHECK(adam == NULL);
+  bad = hyper;
+  bad.beta2 = 1.0;
+  CHECK(tf_adam_create(dev, params, 2, &bad, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "beta2") != NULL);
+  tf_adam_param null_grad[1] = {{"x", dev_p[0], NULL, TF_DTYPE_F32, N0, 0}};
+  CHECK(tf_adam_create(dev, null_grad, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "grad pointer is null") != NULL);
+  tf_adam_param wrong_group[1] = {{"x", dev_p[0], dev_g[0], TF_DTYPE_F32, N0, 3}};
+  CHECK(tf_adam_create(dev, wrong_group, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "group is 3") != NULL);
+  CHECK(tf_adam_create(dev, params, 2, &hyper, 1, &options, NULL) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(tf_adam_step(NULL, NULL, NULL) == TF_ERR_INVALID_ARGUMENT);
+
+  CHECK(tf_adam_create(dev, params, 2, &hyper, 1, &options, &adam) == TF_OK);
+  if (adam == NULL) {
+    return 1;
+  }
+  tf_adam_mode mode = TF_ADAM_AUTO;
+  CHECK(tf_adam_mode_in_force(adam, &mode) == TF_OK && mode == TF_ADAM_CPU);
+
+  for (unsigned long long t = 1; t <= STEPS; ++t) {
+    const double lr = hyper.lr * (1.0 - 0.1 * (double)t);
+    CHECK(tf_adam_set_lr(adam, lr) == TF_OK);
+    for (int i = 0; i < 2; ++i) {
+      for (size_t e = 0; e < sizes[i]; ++e) {
+        host_g[i][e] = 0.1f * normal();
+        reference(&ref_p[i][e], &ref_m[i][e], &ref_v[i][e], host_g[i][e], lr, hyper.beta1,
+                  hyper.beta2, hyper.eps, hyper.weight_decay, t);
+      }
+      CHECK(tf_device_copy(dev, dev_g[i], host_g[i], sizes[i] * sizeof(float), TF_COPY_H2D) ==
+            TF_OK);
+    }
+    int applied = 0;
+    double norm = 0;
+    CHECK(tf_adam_step(adam, &applied, &norm) == TF_OK);
+    CHECK(applied == 1);
+    CHECK(norm > 0);
+  }
+  unsigned long long count = 0;
+  CHECK(tf_adam_step_count(adam, 0, &count) == TF_OK && count == STEPS);
+  CHECK(tf_adam_set_lr(adam, -5) == TF_ERR_INVALID_ARGUMENT);
+
+  /* The device params and the master weights equal the reference, bit for bit. */
+  for (int i = 0; i < 2; ++i) {
+    CHECK(tf_device_copy(dev, host_p[i], dev_p[i], sizes[i] * sizeof(float), TF_COPY_D2H) == TF_OK);
+    CHECK(memcmp(host_p[i], ref_p[i], sizes[i] * sizeof(float)) == 0);
+    float* master = malloc(sizes[i] * sizeof(float));
+    CHECK(tf_adam_master_weights(adam, (size_t)i, master, sizes[i]) == TF_OK);
+    CHECK(memcmp(master, ref_p[i], sizes[i] * sizeof(float)) == 0);
+    CHECK(tf_adam_master_weights(adam, (size_t)i, master, sizes[i] + 1) == TF_ERR_INVALID_ARGUMENT);
+    free(master);
+  }
+
+  /* A NaN grad skips the step. */
+  host_g[1][(size_t)(uniform() * N1)] = NAN;
+  CHECK(tf_device_copy(dev, dev_g[1], host_g[1], N1 * sizeof(float), TF_COPY_H2D) == TF_OK);
+  int applied = 1;
+  CHECK(tf_adam_step(adam, &applied, NULL) == TF_OK);
+  CHECK(applied == 0);
+  CHECK(strstr(tf_last_error(), "w1") != NULL);
+
+  /* Metrics: too small a buffer says how much it needs. */
+  size_t needed = 0;
+  char tiny[4];
+  CHECK(tf_adam_metrics_json(adam, tiny, sizeof tiny, &needed) == TF_ERR_BUFFER_TOO_SMALL);
+  CHECK(needed > sizeof tiny);
+  char* json = malloc(needed);
+  CHECK(tf_adam_metrics_json(adam, json, needed, NULL) == TF_OK);
+  CHECK(strstr(json, "\"steps\":5") != NULL);
+  CHECK(strstr(json, "\"skipped_steps\":1") != NULL);
+  free(json);
+
+  /* Save, spoil the params, load: back to the saved state. */
+  char path[4096];
+  snprintf(path, sizeof path, "%s/c_abi_%llu.tfck", dir, (unsigned long long)(rng_state % 100000));
+  CHECK(tf_adam_save(adam, path) == TF_OK);
+  float* junk = malloc(N0 * sizeof(float));
+  for (size_t e = 0; e < N0; ++e) {
+    junk[e] = 1.0f;
+  }
+  CHECK(tf_device_copy(dev, dev_p[0], junk, N0 * sizeof(float), TF_COPY_H2D) == TF_OK);
+  CHECK(tf_adam_load(adam, path) == TF_OK);
+  CHECK(tf_device_copy(dev, junk, dev_p[0], N0 * sizeof(float), TF_COPY_D2H) == TF_OK);
+  CHECK(memcmp(junk, ref_p[0], N0 * sizeof(float)) == 0);
+  free(junk);
+  CHECK(tf_adam_load(adam, "/nonexistent/x.tfck") == TF_ERR_INPUT);
+  CHECK(strstr(tf_last_error(), "/nonexistent/x.tfck") != NULL);
+  remove(path);
+
+  tf_adam_destroy(adam);
+  tf_adam_destroy(NULL);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(tf_device_free(dev, dev_p[i], sizes[i] * sizeof(float)) == TF_OK);
+    CHECK(tf_device_free(dev, dev_g[i], sizes[i] * sizeof(float)) == TF_OK);
+    free(host_p[i]);
+    free(host_g[i]);
+    free(ref_p[i]);
+    free(ref_m[i]);
+    free(ref_v[i]);
+  }
+  tf_device_destroy(dev);
+  tf_device_destroy(NULL);
+  if (failures != 0) {
+    fprintf(stderr, "test_c_abi: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("test_c_abi: all checks passed\n");
+  return 0;
+}
