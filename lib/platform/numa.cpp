@@ -1,6 +1,7 @@
 #include "platform/numa.hpp"
 
 #include <cerrno>
+#include <mutex>
 #include <string>
 
 #include <numa.h>
@@ -128,7 +129,13 @@ int run_on_node(int node) noexcept {
     return ENOMEM;
   }
   int result = 0;
-  if (numa_node_to_cpus(node, cpus) != 0 || numa_bitmask_weight(cpus) == 0) {
+  // libnuma fills a per-node cache on first use without a lock: two threads asking at once
+  // both allocate and one block is lost (LeakSanitizer saw it with the Adam workers).
+  static std::mutex cache_mutex;
+  std::unique_lock lock(cache_mutex);
+  const int found = numa_node_to_cpus(node, cpus);
+  lock.unlock();
+  if (found != 0 || numa_bitmask_weight(cpus) == 0) {
     numa_bitmask_setall(cpus);  // a CPU-less node: run anywhere
   }
   if (numa_sched_setaffinity(0, cpus) != 0) {
