@@ -77,6 +77,10 @@ struct adam_param {
   const void* grad = nullptr;  ///< device pointer to its grad, same dtype and count
   param_dtype dtype = param_dtype::f32;
   std::size_t elements = 0;  ///< > 0
+  /** `param` is host memory (e.g. a cold parameter's tier copy that a prefetch_scheduler
+   * streams in): the step writes the update there directly, with no H2D. cpu mode only; the
+   * grad is still a device pointer. */
+  bool param_on_host = false;
 };
 
 /** @brief Parameters sharing hyper-parameters and a step count. */

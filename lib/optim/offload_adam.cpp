@@ -305,6 +305,11 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) const {
           p.dtype != param_dtype::f16) {
         throw error("offload_adam: " + what + ": unknown dtype");
       }
+      if (p.param_on_host && options.mode == adam_mode::streamed) {
+        throw error("offload_adam: " + what +
+                    ": a param in host memory needs cpu mode (streamed mode updates params on "
+                    "the device)");
+      }
       if (!names.insert(p.name).second) {
         throw error("offload_adam: " + what + ": the name is used twice");
       }
@@ -374,6 +379,15 @@ void offload_adam::impl::choose_mode() {
     mode_reason = "asked for";
     return;
   }
+  for (const auto& g : groups) {
+    for (const auto& p : g.params) {
+      if (p.desc.param_on_host) {
+        mode = adam_mode::cpu;
+        mode_reason = "param '" + p.desc.name + "' lives in host memory";
+        return;
+      }
+    }
+  }
   // Bytes per param: cpu mode moves the grad down and the param up over the link and touches
   // 28 B in host memory (read p, g, m, v; write p, m, v); streamed mode moves the 12 B of
   // state each way and updates in HBM.
@@ -430,14 +444,17 @@ void offload_adam::impl::read_initial_params() {
   auto* host = static_cast<unsigned char*>(grads_host.data());
   for (auto& g : groups) {
     for (auto& p : g.params) {
-      dev.copy_async(host + p.grad_offset, p.desc.param,
-                     p.desc.elements * dtype_bytes(p.desc.dtype), copy_kind::d2h, d2h);
+      if (!p.desc.param_on_host) {
+        dev.copy_async(host + p.grad_offset, p.desc.param,
+                       p.desc.elements * dtype_bytes(p.desc.dtype), copy_kind::d2h, d2h);
+      }
     }
   }
   d2h.synchronize();
   for (auto& g : groups) {
     for (auto& p : g.params) {
-      detail::load_as_f32(host + p.grad_offset, p.desc.dtype, p.master_p(), p.desc.elements);
+      detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host + p.grad_offset, p.desc.dtype,
+                          p.master_p(), p.desc.elements);
     }
   }
 }
@@ -543,6 +560,10 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
                         host + p.grad_offset + c.offset * eb, p.desc.dtype, c.count,
                         scalars[c.group]);
     void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
+    if (p.desc.param_on_host) {
+      detail::store_params(kernel, master, dst, p.desc.dtype, c.count);
+      return;
+    }
     if (p.desc.dtype == param_dtype::f32) {
       dev.copy_async(dst, master, c.count * eb, copy_kind::h2d, h2d);
       return;
@@ -574,7 +595,8 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
   }
   result.applied = true;
   for (const auto& c : chunks) {
-    totals.bytes_h2d += c.count * dtype_bytes(groups[c.group].params[c.param].desc.dtype);
+    const auto& desc = groups[c.group].params[c.param].desc;
+    totals.bytes_h2d += desc.param_on_host ? 0 : c.count * dtype_bytes(desc.dtype);
   }
   // The state has stepped; a failed upload leaves the device params behind the master
   // weights, which the next upload_params() (load(), or a retry here) brings back in line.
@@ -630,6 +652,10 @@ void offload_adam::impl::upload_params() {
   for (auto& g : groups) {
     for (auto& p : g.params) {
       const std::size_t eb = dtype_bytes(p.desc.dtype);
+      if (p.desc.param_on_host) {
+        detail::store_params(kernel, p.master_p(), p.desc.param, p.desc.dtype, p.desc.elements);
+        continue;
+      }
       if (p.desc.dtype == param_dtype::f32) {
         dev.copy_async(p.desc.param, p.master_p(), p.desc.elements * eb, copy_kind::h2d, h2d);
         continue;

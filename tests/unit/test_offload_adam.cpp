@@ -874,3 +874,37 @@ TEST_CASE("truncated, corrupted and mismatched checkpoints are refused, state un
   // Saving to a directory that does not exist fails with the path, and leaves nothing behind.
   CHECK_THROWS_WITH(opt.save(dir.path() / "no" / "such" / "x.tfck"), Catch::Contains("no/such"));
 }
+
+TEST_CASE("params in host memory are updated in place, with no H2D", "[adam]") {
+  auto gen = test::rng(715);
+  const topology topo = topology::discover();
+  auto policy = host_placement(topo);
+  auto dev = adam_device();
+  model mdl(*dev);
+  random_model(mdl, gen, 3000);
+  auto groups = mdl.describe();
+  for (auto& g : groups) {
+    for (auto& p : g.params) {
+      p.param_on_host = true;  // emulated device memory is host memory, so the test can say so
+    }
+  }
+  adam_options o;
+  o.mode = adam_mode::streamed;
+  CHECK_THROWS_WITH(offload_adam(*dev, groups, o, policy), Catch::Contains("needs cpu mode"));
+  o.mode = adam_mode::automatic;
+  o.chunk_elements = pick(gen, 64, 1024);
+  offload_adam opt(*dev, groups, o, policy);
+  CHECK(opt.mode() == adam_mode::cpu);
+  CHECK_THAT(opt.mode_reason(), Catch::Contains("host memory"));
+  for (int k = 0; k < 3; ++k) {
+    const auto grads = mdl.random_grads(gen, 0.3f);
+    mdl.set_grads(grads);
+    double norm = 0;
+    REQUIRE(mdl.reference_step(grads, o.chunk_elements, 0, 1, norm));
+    REQUIRE(opt.step().applied);
+    mdl.check_device_params();
+  }
+  mdl.check_state(opt);
+  CHECK(opt.metrics().bytes_h2d == 0);
+  CHECK(opt.metrics().bytes_d2h > 0);
+}
