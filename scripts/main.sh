@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The main job: build tierflow (release) and show this machine's memory tiers.
-# Usage: bash scripts/main.sh [tierflow topo options, e.g. --json]
+# The main job: build tierflow (release), show this machine's memory tiers, and train the demo
+# model with its weights streamed from a host tier and its Adam state offloaded, checked bit
+# for bit against the same training with everything resident in HBM.
+# Usage: bash scripts/main.sh [tierflow demo options, e.g. --steps 100 --json]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 tierflow_install_packages
 
 cmake --preset release >/dev/null
-cmake --build --preset release
-./build/release/bench/tierflow topo "$@"
+cmake --build --preset release --target tierflow_cli
+./build/release/bench/tierflow topo
+echo
+./build/release/bench/tierflow demo --verify "$@"

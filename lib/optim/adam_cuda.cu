@@ -2,9 +2,9 @@
 // scalar reference's operations in its order with explicitly rounded intrinsics (__fmul_rn,
 // __fadd_rn, __fdiv_rn, __fsqrt_rn: nvcc may not fuse or approximate them), so it gives the
 // CPU kernels' bits.
-#include <cuda_runtime.h>
-
 #include <cstdint>
+
+#include <cuda_runtime.h>
 
 #include "optim/adam_cuda.hpp"
 
@@ -17,8 +17,8 @@ __device__ float f16_bits_to_float(unsigned h) {
   const unsigned exponent = (h >> 10) & 0x1fu;
   const unsigned mantissa = h & 0x3ffu;
   if (exponent == 0) {
-    return __uint_as_float(sign | __float_as_uint(__fmul_rn(static_cast<float>(mantissa),
-                                                            5.9604644775390625e-8f)));
+    return __uint_as_float(
+        sign | __float_as_uint(__fmul_rn(static_cast<float>(mantissa), 5.9604644775390625e-8f)));
   }
   if (exponent == 31) {
     return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
@@ -129,8 +129,8 @@ int launch_update(void* stream, float* master, float* m, float* v, const void* g
 }
 
 int launch_sum_squares(void* stream, const void* grad, int dtype, std::size_t n, double* out) {
-  sum_squares_kernel<<<sum_blocks, sum_threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      grad, dtype, n, out);
+  sum_squares_kernel<<<sum_blocks, sum_threads, 0, static_cast<cudaStream_t>(stream)>>>(grad, dtype,
+                                                                                        n, out);
   return static_cast<int>(cudaGetLastError());
 }
 

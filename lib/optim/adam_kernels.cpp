@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include "tierflow/error.hpp"
@@ -460,13 +461,23 @@ std::string_view to_string(adam_kernel kernel) noexcept {
   return "unknown";
 }
 
+namespace {
+
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know it.
+bool has_f16c() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+
+}  // namespace
+
 bool kernel_supported(adam_kernel kernel) noexcept {
   switch (kernel) {
     case adam_kernel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("avx512vl") && has_f16c();
     case adam_kernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && has_f16c();
     default:
       return true;
   }

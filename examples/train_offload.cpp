@@ -1,0 +1,619 @@
+// `tierflow demo`: trains a stack of dense layers whose parameters live in a host tier (cold
+// parameters, as ZeRO-Infinity keeps them) and are streamed into HBM by the prefetch scheduler
+// for the forward and the backward pass, with offload_adam's state in the optimizer_state tier.
+//
+// The task: regression onto a fixed random teacher network (two tanh layers) over a fixed set
+// of inputs, so the loss really falls. Each iteration is one plan pass: forward layer 0 .. L-1,
+// then backward L-1 .. 0, each step reading its layer's weights from a staging slot, the
+// compute stream doing the math (on the emulated device: host callbacks over its memory).
+// Then the scheduler is flushed (the host copies are about to change) and offload_adam steps:
+// the grads come down, the update runs in the tier, the new weights land in the host copies.
+//
+// --verify runs the same training a second time with every weight resident in HBM and an
+// Adam written out here over HBM-resident state (no offload at all), and compares the final
+// weights bit for bit.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "tierflow/device.hpp"
+#include "tierflow/emulated_device.hpp"
+#include "tierflow/error.hpp"
+#include "tierflow/offload_adam.hpp"
+#include "tierflow/placement_policy.hpp"
+#include "tierflow/prefetch_scheduler.hpp"
+#include "tierflow/topology.hpp"
+
+namespace tierflow::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using clock_type = std::chrono::steady_clock;
+
+struct demo_options {
+  std::size_t layers = 8;
+  std::size_t width = 512;
+  std::size_t batch = 32;
+  std::size_t samples = 256;  // the fixed data set
+  std::size_t steps = 300;
+  std::uint64_t window = 2;
+  double hbm_budget_mib = 0;  // 0: room for window + 2 layers
+  std::string adam_mode = "auto";
+  std::string placement;
+  std::string emu_link;
+  std::string device = "auto";
+  double lr = 1e-3;
+  std::uint64_t seed = 1;
+  std::size_t log_every = 25;
+  std::string out = "tierflow-demo";
+  bool verify = false;
+  bool as_json = false;
+};
+
+// ---- the model's math (fp32, fixed order: the same bits wherever the weights came from) ----
+
+// z[i][o] = Σ_k h[i][k] w[o][k]: 16 partial sums per dot product, combined in a fixed order.
+void forward_matmul(const float* h, const float* w, float* z, std::size_t batch,
+                    std::size_t width) {
+  for (std::size_t i = 0; i < batch; ++i) {
+    const float* hi = h + i * width;
+    for (std::size_t o = 0; o < width; ++o) {
+      const float* wo = w + o * width;
+      float acc[16] = {};
+      std::size_t k = 0;
+      for (; k + 16 <= width; k += 16) {
+        for (std::size_t j = 0; j < 16; ++j) {
+          acc[j] += hi[k + j] * wo[k + j];
+        }
+      }
+      for (; k < width; ++k) {
+        acc[k % 16] += hi[k] * wo[k];
+      }
+      for (std::size_t step = 8; step > 0; step /= 2) {
+        for (std::size_t j = 0; j < step; ++j) {
+          acc[j] += acc[j + step];
+        }
+      }
+      z[i * width + o] = acc[0];
+    }
+  }
+}
+
+// dW[o][k] = Σ_i dz[i][o] h[i][k]; dh[i][k] = Σ_o dz[i][o] w[o][k] (when dh is not null).
+void backward_matmul(const float* dz, const float* h, const float* w, float* dw, float* dh,
+                     std::size_t batch, std::size_t width) {
+  std::fill(dw, dw + width * width, 0.0f);
+  for (std::size_t i = 0; i < batch; ++i) {
+    for (std::size_t o = 0; o < width; ++o) {
+      const float g = dz[i * width + o];
+      float* row = dw + o * width;
+      const float* hi = h + i * width;
+      for (std::size_t k = 0; k < width; ++k) {
+        row[k] += g * hi[k];
+      }
+    }
+  }
+  if (dh == nullptr) {
+    return;
+  }
+  std::fill(dh, dh + batch * width, 0.0f);
+  for (std::size_t i = 0; i < batch; ++i) {
+    float* out = dh + i * width;
+    for (std::size_t o = 0; o < width; ++o) {
+      const float g = dz[i * width + o];
+      const float* wo = w + o * width;
+      for (std::size_t k = 0; k < width; ++k) {
+        out[k] += g * wo[k];
+      }
+    }
+  }
+}
+
+// Device buffers of one run: activations, the batch, grads, and scratch.
+struct device_buffers {
+  device& dev;
+  std::vector<std::pair<void*, std::size_t>> owned;
+  explicit device_buffers(device& d) : dev(d) {}
+  device_buffers(const device_buffers&) = delete;
+  device_buffers& operator=(const device_buffers&) = delete;
+  ~device_buffers() {
+    for (auto [p, n] : owned) {
+      dev.memory().deallocate(p, n);
+    }
+  }
+  float* floats(std::size_t n) {
+    void* p = dev.memory().allocate(n * sizeof(float));
+    owned.emplace_back(p, n * sizeof(float));
+    return static_cast<float*>(p);
+  }
+};
+
+struct data_set {
+  std::vector<float> x;  // samples × width
+  std::vector<float> t;  // samples × width
+};
+
+data_set make_data(const demo_options& o, std::mt19937_64& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::size_t w = o.width;
+  std::vector<float> t1(w * w), t2(w * w);
+  const float scale = 1.5f / std::sqrt(static_cast<float>(w));
+  for (auto& v : t1) {
+    v = normal(gen) * scale;
+  }
+  for (auto& v : t2) {
+    v = normal(gen) * scale;
+  }
+  data_set d;
+  d.x.resize(o.samples * w);
+  d.t.resize(o.samples * w);
+  for (auto& v : d.x) {
+    v = normal(gen);
+  }
+  std::vector<float> hidden(o.samples * w);
+  forward_matmul(d.x.data(), t1.data(), hidden.data(), o.samples, w);
+  for (auto& v : hidden) {
+    v = std::tanh(v);
+  }
+  forward_matmul(hidden.data(), t2.data(), d.t.data(), o.samples, w);
+  return d;
+}
+
+std::vector<std::vector<float>> init_weights(const demo_options& o, std::mt19937_64& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(o.width)));
+  std::vector<std::vector<float>> w(o.layers, std::vector<float>(o.width * o.width));
+  for (auto& layer : w) {
+    for (auto& v : layer) {
+      v = normal(gen);
+    }
+  }
+  return w;
+}
+
+// The Adam update as offload_adam.hpp states it, written out here for the resident run.
+struct resident_adam {
+  adam_hyper hyper;
+  std::uint64_t steps = 0;
+  std::vector<float*> m, v;  // HBM-resident moments, one per layer
+  void step(const std::vector<float*>& params, const std::vector<float*>& grads, std::size_t n) {
+    ++steps;
+    const double t = static_cast<double>(steps);
+    const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+    const float b1 = static_cast<float>(hyper.beta1);
+    const float omb1 = static_cast<float>(1.0 - hyper.beta1);
+    const float b2 = static_cast<float>(hyper.beta2);
+    const float omb2 = static_cast<float>(1.0 - hyper.beta2);
+    const float neg_step = static_cast<float>(-(hyper.lr / (1.0 - std::pow(hyper.beta1, t))));
+    const float bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(hyper.beta2, t)));
+    const float eps = static_cast<float>(hyper.eps);
+    for (std::size_t l = 0; l < params.size(); ++l) {
+      float* p = params[l];
+      const float* g = grads[l];
+      for (std::size_t i = 0; i < n; ++i) {
+        const float gi = g[i] * 1.0f;
+        float pi = p[i] * decay;
+        m[l][i] = m[l][i] * b1 + omb1 * gi;
+        v[l][i] = v[l][i] * b2 + omb2 * gi * gi;
+        pi = pi + neg_step * m[l][i] / (std::sqrt(v[l][i]) / bc2 + eps);
+        p[i] = pi;
+      }
+    }
+  }
+};
+
+struct run_result {
+  std::vector<std::vector<float>> final_weights;
+  std::vector<double> losses;
+  std::size_t steps = 0;
+  scheduler_metrics sched;
+  std::string sched_json;
+  std::string trace;
+  std::string prometheus;
+  std::optional<adam_metrics> adam;
+  placement_snapshot placement;
+  double seconds = 0;
+};
+
+std::unique_ptr<device> open_demo_device(const demo_options& o, std::string& note) {
+  std::string spec = o.device;
+  if (spec == "auto") {
+    // The demo's layer math runs as host callbacks over device memory, which only the emulated
+    // device can dereference; the GPU kernels for it are not written yet.
+    spec = "emulated";
+    note = "the demo's compute runs on the emulated device (its CUDA kernels are not written yet)";
+  } else if (spec != "emulated") {
+    throw input_error("--device", "the demo runs on the emulated device only so far", spec);
+  }
+  emulated_device_options eo;
+  eo.link = o.emu_link.empty() ? link_model::from_environment()
+                               : link_model::parse(o.emu_link, "--emu-link");
+  eo.copy_threads = 1;
+  const std::uint64_t layer_bytes = o.width * o.width * sizeof(float);
+  eo.hbm_bytes = std::max<std::uint64_t>(std::uint64_t{1} << 30,
+                                         4 * o.layers * layer_bytes + (std::uint64_t{64} << 20));
+  return emulated_device::create(eo);
+}
+
+// One training run. resident: every weight in HBM and the resident Adam; otherwise the
+// offloaded path.
+run_result train(const demo_options& o, device& dev, const topology& topo, bool resident,
+                 bool quiet) {
+  std::mt19937_64 gen(o.seed);
+  const data_set data = make_data(o, gen);
+  const auto init = init_weights(o, gen);
+  const std::size_t w = o.width;
+  const std::size_t n = w * w;
+  const std::size_t layer_bytes = n * sizeof(float);
+
+  placement_options po;
+  if (!o.placement.empty()) {
+    po.spec = o.placement;
+  }
+  po.reserve_bytes = 0;
+  placement_policy placement(topo, po);
+
+  // The weights' host-tier copies (cold parameters) and the plan over them.
+  std::vector<tier_allocation> host_weights;
+  schedule_plan plan;
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    host_weights.push_back(placement.allocate(data_class::params, layer_bytes));
+    std::memcpy(host_weights.back().data(), init[l].data(), layer_bytes);
+    plan.add_buffer({"layer" + std::to_string(l) + ".w", host_weights.back().data(), layer_bytes,
+                     resident, false});
+  }
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    plan.add_step({"fwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
+  }
+  for (std::size_t l = o.layers; l-- > 0;) {
+    plan.add_step({"bwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
+  }
+  scheduler_options so;
+  so.window = o.window;
+  so.trace = !resident;
+  const std::uint64_t slack = 256 * (o.layers + 4);
+  so.hbm_budget_bytes =
+      resident ? o.layers * layer_bytes + slack
+               : (o.hbm_budget_mib > 0 ? static_cast<std::uint64_t>(o.hbm_budget_mib * 1048576.0)
+                                       : (o.window + 2) * layer_bytes + slack);
+  prefetch_scheduler sched(dev, std::move(plan), so);
+
+  device_buffers buf(dev);
+  std::vector<float*> acts;  // h_0 .. h_{L-1}, and y
+  for (std::size_t l = 0; l <= o.layers; ++l) {
+    acts.push_back(buf.floats(o.batch * w));
+  }
+  float* target = buf.floats(o.batch * w);
+  float* dh_a = buf.floats(o.batch * w);
+  float* dh_b = buf.floats(o.batch * w);
+  std::vector<float*> grads;
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    grads.push_back(buf.floats(n));
+  }
+  std::vector<float> pinned_x(o.batch * w), pinned_t(o.batch * w);  // the batch, host side
+
+  adam_hyper hyper;
+  hyper.lr = o.lr;
+  hyper.weight_decay = 0.01;
+  std::unique_ptr<offload_adam> adam;
+  resident_adam reference;
+  if (resident) {
+    reference.hyper = hyper;
+    for (std::size_t l = 0; l < o.layers; ++l) {
+      reference.m.push_back(buf.floats(n));
+      reference.v.push_back(buf.floats(n));
+      std::fill(reference.m.back(), reference.m.back() + n, 0.0f);
+      std::fill(reference.v.back(), reference.v.back() + n, 0.0f);
+    }
+  } else {
+    adam_group group;
+    group.hyper = hyper;
+    for (std::size_t l = 0; l < o.layers; ++l) {
+      adam_param p;
+      p.name = "layer" + std::to_string(l) + ".w";
+      p.param = host_weights[l].data();
+      p.grad = grads[l];
+      p.elements = n;
+      p.param_on_host = true;
+      group.params.push_back(p);
+    }
+    adam_options ao;
+    const auto mode = parse_adam_mode(o.adam_mode);
+    if (!mode) {
+      throw input_error("--adam-mode", "expected cpu, streamed or auto", o.adam_mode);
+    }
+    ao.mode = *mode;
+    ao.chunk_elements = std::min<std::size_t>(n, std::size_t{1} << 18);
+    adam = std::make_unique<offload_adam>(dev, std::vector<adam_group>{group}, ao, placement);
+  }
+
+  run_result result;
+  const auto start = clock_type::now();
+  auto batch_start = clock_type::now();
+  const std::size_t batches = o.samples / o.batch;
+  std::vector<double> loss_slot(1, 0.0);
+  stream& compute = dev.compute_stream();
+  for (std::size_t step = 0; step < o.steps; ++step) {
+    const std::size_t b = step % batches;
+    std::memcpy(pinned_x.data(), data.x.data() + b * o.batch * w, o.batch * w * sizeof(float));
+    std::memcpy(pinned_t.data(), data.t.data() + b * o.batch * w, o.batch * w * sizeof(float));
+    dev.copy_async(acts[0], pinned_x.data(), o.batch * w * sizeof(float), copy_kind::h2d, compute);
+    dev.copy_async(target, pinned_t.data(), o.batch * w * sizeof(float), copy_kind::h2d, compute);
+    for (std::size_t l = 0; l < o.layers; ++l) {
+      const staged_step& st = sched.acquire(l);
+      const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
+      const bool last = l + 1 == o.layers;
+      st.compute().host_callback([&, wl, l, last] {
+        forward_matmul(acts[l], wl, acts[l + 1], o.batch, w);
+        if (!last) {
+          for (std::size_t i = 0; i < o.batch * w; ++i) {
+            acts[l + 1][i] = std::tanh(acts[l + 1][i]);
+          }
+          return;
+        }
+        // The loss and its gradient: mean squared error over the batch's outputs.
+        double loss = 0;
+        const float scale = 2.0f / static_cast<float>(o.batch * w);
+        for (std::size_t i = 0; i < o.batch * w; ++i) {
+          const float d = acts[l + 1][i] - target[i];
+          loss += static_cast<double>(d) * d;
+          dh_a[i] = scale * d;
+        }
+        loss_slot[0] = loss / static_cast<double>(o.batch * w);
+      });
+      sched.release(l, false);
+    }
+    for (std::size_t k = 0; k < o.layers; ++k) {
+      const std::size_t l = o.layers - 1 - k;
+      const staged_step& st = sched.acquire(o.layers + k);
+      const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
+      float* dz = k % 2 == 0 ? dh_a : dh_b;
+      float* dh_next = k % 2 == 0 ? dh_b : dh_a;
+      st.compute().host_callback([&, wl, l, dz, dh_next] {
+        if (l + 1 != o.layers) {  // through the tanh: dz = dh ⊙ (1 - h²)
+          for (std::size_t i = 0; i < o.batch * w; ++i) {
+            const float h = acts[l + 1][i];
+            dz[i] = dz[i] * (1.0f - h * h);
+          }
+        }
+        backward_matmul(dz, acts[l], wl, grads[l], l == 0 ? nullptr : dh_next, o.batch, w);
+      });
+      sched.release(o.layers + k, false);
+    }
+    if (resident) {
+      std::vector<float*> params;
+      for (std::size_t l = 0; l < o.layers; ++l) {
+        params.push_back(static_cast<float*>(sched.resident_pointer(static_cast<buffer_id>(l))));
+      }
+      compute.host_callback([&, params] { reference.step(params, grads, n); });
+      compute.synchronize();
+    } else {
+      sched.flush();  // the host copies change next: nothing may stay staged
+      const auto r = adam->step();
+      if (!r.applied) {
+        throw error("demo: the optimizer skipped a step: " + r.skip_reason);
+      }
+    }
+    compute.synchronize();
+    result.losses.push_back(loss_slot[0]);
+    ++result.steps;
+    if (!quiet && o.log_every > 0 && (step + 1) % o.log_every == 0) {
+      const auto m = sched.metrics();
+      const double dt = std::chrono::duration<double>(clock_type::now() - batch_start).count() /
+                        static_cast<double>(o.log_every);
+      batch_start = clock_type::now();
+      const double adam_ms = adam ? 1e3 * adam->metrics().last_step_seconds : 0.0;
+      std::fprintf(stderr,
+                   "step %5zu  loss %.6f  step %.1f ms  stall %.1f %%  h2d %.2f GB/s  adam %.1f "
+                   "ms\n",
+                   step + 1, loss_slot[0], dt * 1e3, 100.0 * m.stall_fraction,
+                   m.h2d.achieved_gbps(), adam_ms);
+    }
+  }
+  result.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  sched.flush();
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    const float* src =
+        resident ? static_cast<const float*>(sched.resident_pointer(static_cast<buffer_id>(l)))
+                 : static_cast<const float*>(host_weights[l].data());
+    result.final_weights.emplace_back(src, src + n);
+  }
+  result.sched = sched.metrics();
+  result.sched_json = sched.snapshot_json();
+  result.prometheus = sched.prometheus_text();
+  result.trace = sched.trace_json();
+  if (adam) {
+    result.adam = adam->metrics();
+  }
+  result.placement = placement.snapshot();
+  return result;
+}
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) {
+    throw error("demo: cannot write " + path.string());
+  }
+}
+
+int run_demo(const demo_options& o) {
+  if (o.layers == 0 || o.width == 0 || o.batch == 0 || o.steps == 0) {
+    throw input_error("tierflow demo", "--layers, --width, --batch and --steps must be > 0");
+  }
+  if (o.samples < o.batch) {
+    throw input_error("--samples", "must be at least --batch", std::to_string(o.samples));
+  }
+  if (!parse_adam_mode(o.adam_mode)) {
+    throw input_error("--adam-mode", "expected cpu, streamed or auto", o.adam_mode);
+  }
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
+    throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
+  }
+  std::string note;
+  auto dev = open_demo_device(o, note);
+  const topology topo = topology::discover();
+  if (!note.empty() && !o.as_json) {
+    std::fprintf(stderr, "tierflow demo: %s\n", note.c_str());
+  }
+  if (!o.as_json) {
+    std::fprintf(stderr,
+                 "tierflow demo: %zu layers x %zu (%.1f MiB of weights), batch %zu, %zu steps, "
+                 "window %llu, device %s\n",
+                 o.layers, o.width,
+                 static_cast<double>(o.layers * o.width * o.width * 4) / 1048576.0, o.batch,
+                 o.steps, static_cast<unsigned long long>(o.window),
+                 dev->properties().name.c_str());
+  }
+  const run_result run = train(o, *dev, topo, false, o.as_json);
+
+  std::filesystem::create_directories(o.out);
+  const auto dir = std::filesystem::path(o.out);
+  json metrics = json::parse(run.sched_json);
+  metrics["adam"] = json::parse(run.adam->to_json())["adam"];
+  metrics["placement"] = json::parse(to_json(run.placement))["placement"];
+  write_file(dir / "metrics.json", metrics.dump(2) + "\n");
+  write_file(dir / "trace.json", run.trace);
+  write_file(dir / "metrics.prom", run.prometheus);
+
+  json verify;
+  if (o.verify) {
+    const run_result ref = train(o, *dev, topo, true, true);
+    bool same = ref.final_weights.size() == run.final_weights.size();
+    double max_diff = 0;
+    for (std::size_t l = 0; same && l < run.final_weights.size(); ++l) {
+      const auto& a = ref.final_weights[l];
+      const auto& b = run.final_weights[l];
+      same = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+      for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+      }
+    }
+    verify = {{"bit_identical", same}, {"max_abs_diff", max_diff}};
+  }
+
+  const auto& s = run.sched;
+  json tiers = json::object();
+  for (const auto& [cls, per_tier] : run.placement.class_bytes) {
+    for (const auto& [tier, bytes] : per_tier) {
+      tiers[tier][std::string(to_string(cls))] = bytes;
+    }
+  }
+  json doc{{"loss_first", run.losses.front()},
+           {"loss_last", run.losses.back()},
+           {"steps", run.steps},
+           {"backend", dev->properties().backend},
+           {"adam_mode", to_string(run.adam->mode)},
+           {"adam_mode_reason", run.adam->mode_reason},
+           {"scheduler",
+            {{"step_time_s", s.step_time_s},
+             {"lower_bound_s", s.lower_bound_s},
+             {"overlap_efficiency", s.overlap_efficiency},
+             {"stall_fraction", s.stall_fraction},
+             {"window", s.window},
+             {"bytes_in", s.bytes_in},
+             {"hbm_staging_peak_bytes", s.hbm_staging_peak_bytes},
+             {"h2d_achieved_gbps", s.h2d.achieved_gbps()},
+             {"h2d_link_gbps", s.h2d_gbps}}},
+           {"tiers", tiers},
+           {"seconds", run.seconds},
+           {"files",
+            {{"metrics", (dir / "metrics.json").string()},
+             {"trace", (dir / "trace.json").string()},
+             {"prometheus", (dir / "metrics.prom").string()}}}};
+  if (o.verify) {
+    doc["verify"] = verify;
+  }
+  if (o.as_json) {
+    std::printf("%s\n", doc.dump().c_str());
+  } else {
+    std::printf("\ntierflow demo: %zu steps in %.1f s; loss %.6f -> %.6f (%.1fx lower)\n",
+                run.steps, run.seconds, run.losses.front(), run.losses.back(),
+                run.losses.front() / run.losses.back());
+    std::printf("where the bytes lived:\n");
+    for (const auto& [cls, per_tier] : run.placement.class_bytes) {
+      for (const auto& [tier, bytes] : per_tier) {
+        std::printf("  %-16s %-10s %10.1f MiB\n", std::string(to_string(cls)).c_str(), tier.c_str(),
+                    static_cast<double>(bytes) / 1048576.0);
+      }
+    }
+    std::printf("  %-16s %-10s %10.1f MiB peak (budget %.1f MiB)\n", "staging", "hbm",
+                static_cast<double>(s.hbm_staging_peak_bytes) / 1048576.0,
+                static_cast<double>(s.hbm_budget_bytes) / 1048576.0);
+    std::printf(
+        "prefetch: window %llu, step %.2f ms vs lower bound %.2f ms (overlap efficiency "
+        "%.2f), stall %.1f %%\n",
+        static_cast<unsigned long long>(s.window), s.step_time_s * 1e3, s.lower_bound_s * 1e3,
+        s.overlap_efficiency, 100.0 * s.stall_fraction);
+    std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the emulated link's cap)\n",
+                s.h2d.achieved_gbps(), s.h2d_gbps);
+    std::printf("adam: mode %s (%s), kernel %s, %.1f ms per step\n",
+                std::string(to_string(run.adam->mode)).c_str(), run.adam->mode_reason.c_str(),
+                std::string(to_string(run.adam->kernel)).c_str(),
+                1e3 * run.adam->step_seconds_total / static_cast<double>(run.steps));
+    if (o.verify) {
+      std::printf(
+          "verify: against the same run with everything resident in HBM and no "
+          "offload: %s (max abs diff %g)\n",
+          verify["bit_identical"].get<bool>() ? "bit-identical" : "DIFFERENT",
+          verify["max_abs_diff"].get<double>());
+    }
+    std::printf("files: %s, %s, %s\n", (dir / "metrics.json").c_str(), (dir / "trace.json").c_str(),
+                (dir / "metrics.prom").c_str());
+  }
+  if (o.verify && !verify["bit_identical"].get<bool>()) {
+    return exit_failure;
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+action add_demo_command(CLI::App& app) {
+  auto o = std::make_shared<demo_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "demo", "Train a dense stack with its weights streamed from a host tier and Adam offloaded");
+  cmd->add_option("--layers", o->layers, "Dense layers")->capture_default_str();
+  cmd->add_option("--width", o->width, "Units per layer")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "Samples per step")->capture_default_str();
+  cmd->add_option("--samples", o->samples, "Size of the fixed data set")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Training steps")->capture_default_str();
+  cmd->add_option("--window", o->window, "Prefetch window, in layers")->capture_default_str();
+  cmd->add_option("--hbm-budget", o->hbm_budget_mib,
+                  "HBM for staging weights, MiB (0: window + 2 layers)")
+      ->capture_default_str();
+  cmd->add_option("--adam-mode", o->adam_mode, "cpu, streamed or auto")->capture_default_str();
+  cmd->add_option("--placement", o->placement,
+                  "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)");
+  cmd->add_option("--emu-link", o->emu_link,
+                  "Emulated link, e.g. 'h2d=25GB/s,d2h=25GB/s,latency=10us' (else "
+                  "TIERFLOW_EMU_LINK)");
+  cmd->add_option("--device", o->device, "auto or emulated")->capture_default_str();
+  cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the data and the initial weights")
+      ->capture_default_str();
+  cmd->add_option("--log-every", o->log_every, "Progress line every N steps (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--out", o->out, "Directory for metrics.json, trace.json, metrics.prom")
+      ->capture_default_str();
+  cmd->add_flag("--verify", o->verify,
+                "Also train with everything resident in HBM and no offload; compare bit for bit");
+  cmd->add_flag("--json", o->as_json, "Print one JSON object (last) instead of the summary");
+  return [o] { return run_demo(*o); };
+}
+
+}  // namespace tierflow::cli
