@@ -225,6 +225,7 @@ struct run_result {
   std::string trace;
   std::string prometheus;
   std::optional<adam_metrics> adam;
+  json state_pages;  // {class: {"total": pages, "nodes": {node: pages}}}
   placement_snapshot placement;
   double seconds = 0;
 };
@@ -244,8 +245,10 @@ std::unique_ptr<device> open_demo_device(const demo_options& o, std::string& not
                                : link_model::parse(o.emu_link, "--emu-link");
   eo.copy_threads = 1;
   const std::uint64_t layer_bytes = o.width * o.width * sizeof(float);
-  eo.hbm_bytes = std::max<std::uint64_t>(std::uint64_t{1} << 30,
-                                         4 * o.layers * layer_bytes + (std::uint64_t{64} << 20));
+  // Grads, and for --verify the resident weights and moments, plus activations and slack.
+  eo.hbm_bytes = static_cast<std::uint64_t>(o.hbm_budget_mib * 1048576.0) +
+                 (o.window + 2) * layer_bytes + 5 * o.layers * layer_bytes +
+                 (o.layers + 4) * o.batch * o.width * sizeof(float) + (std::uint64_t{64} << 20);
   return emulated_device::create(eo);
 }
 
@@ -438,6 +441,15 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
   result.trace = sched.trace_json();
   if (adam) {
     result.adam = adam->metrics();
+    for (data_class cls : {data_class::master_params, data_class::optimizer_state}) {
+      const page_residency r = adam->state_residency(cls);
+      json nodes = json::object();
+      for (const auto& [node, pages] : r.pages_on_node) {
+        nodes[std::to_string(node)] = pages;
+      }
+      result.state_pages[std::string(to_string(cls))] = {{"total", r.total_pages},
+                                                         {"nodes", nodes}};
+    }
   }
   result.placement = placement.snapshot();
   return result;
@@ -530,6 +542,7 @@ int run_demo(const demo_options& o) {
              {"h2d_achieved_gbps", s.h2d.achieved_gbps()},
              {"h2d_link_gbps", s.h2d_gbps}}},
            {"tiers", tiers},
+           {"state_pages", run.state_pages},
            {"seconds", run.seconds},
            {"files",
             {{"metrics", (dir / "metrics.json").string()},

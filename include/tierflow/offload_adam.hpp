@@ -30,6 +30,7 @@
 
 #include "tierflow/device.hpp"
 #include "tierflow/placement_policy.hpp"
+#include "tierflow/where.hpp"
 
 namespace tierflow {
 
@@ -217,6 +218,11 @@ class offload_adam {
 
   /** @brief Running totals. */
   [[nodiscard]] adam_metrics metrics() const;
+
+  /** @brief Where the state's pages are, by where(): @p cls is data_class::master_params (the
+   * fp32 master weights) or data_class::optimizer_state (m and v), summed over every param.
+   * @throws tierflow::error for another class */
+  [[nodiscard]] page_residency state_residency(data_class cls) const;
 
   /** @brief Copies of parameter @p param of group @p group's state (for tests and tools). */
   [[nodiscard]] std::vector<float> master_weights(std::size_t group, std::size_t param) const;

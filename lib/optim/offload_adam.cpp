@@ -799,6 +799,29 @@ adam_metrics offload_adam::metrics() const {
   return m;
 }
 
+page_residency offload_adam::state_residency(data_class cls) const {
+  if (cls != data_class::master_params && cls != data_class::optimizer_state) {
+    throw error(
+        "offload_adam::state_residency: the state is master_params and "
+        "optimizer_state, not " +
+        std::string(to_string(cls)));
+  }
+  page_residency total;
+  for (const auto& g : impl_->groups) {
+    for (const auto& p : g.params) {
+      const tier_allocation& a = cls == data_class::master_params ? p.master : p.moments;
+      const page_residency r = where(a.data(), a.size());
+      total.page_bytes = r.page_bytes;
+      total.total_pages += r.total_pages;
+      total.untouched_pages += r.untouched_pages;
+      for (const auto& [node, pages] : r.pages_on_node) {
+        total.pages_on_node[node] += pages;
+      }
+    }
+  }
+  return total;
+}
+
 namespace {
 
 std::vector<float> copy_of(const float* p, std::size_t n) {

@@ -70,6 +70,26 @@ def main(path):
     tiers_by_node = {n["id"]: n.get("memory_tier") for n in topo["nodes"]}
     print("memory tiers by node:", tiers_by_node)
 
+    # The demo with the Adam state on the CXL-like nodes, page by page (where()).
+    demo_lines, demo_status = section(lines, "DEMO")
+    try:
+        demo = json.loads("\n".join(l for l in demo_lines if l.startswith("{")))
+    except json.JSONDecodeError as e:
+        demo = None
+        failures.append(f"tierflow demo printed no JSON (exit {demo_status}): {e}")
+    if demo is not None:
+        if demo_status != "0" or demo.get("steps") != 4:
+            failures.append(f"tierflow demo exited {demo_status} after {demo.get('steps')} steps")
+        pages = demo.get("state_pages", {})
+        for cls, node in (("optimizer_state", "2"), ("master_params", "1")):
+            p = pages.get(cls, {})
+            on = p.get("nodes", {}).get(node, 0)
+            if not p.get("total") or on != p["total"]:
+                failures.append(f"demo: {cls} pages {p}, expected all on node {node}")
+        if not failures:
+            print("demo:", {cls: pages[cls] for cls in pages}, "loss",
+                  demo["loss_first"], "->", demo["loss_last"])
+
     test_lines, test_status = section(lines, "TESTS")
     print("\n".join(test_lines[-25:]))
     if test_status != "0":

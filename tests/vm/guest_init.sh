@@ -13,6 +13,10 @@ echo "TIERFLOW-VM-VERIFY-END $?"
 echo "TIERFLOW-VM-TABLE-BEGIN"
 /bin/tierflow topo
 echo "TIERFLOW-VM-TABLE-END"
+echo "TIERFLOW-VM-DEMO-BEGIN"
+/bin/tierflow demo --layers 2 --width 64 --batch 8 --samples 16 --steps 4 --log-every 0 \
+  --placement "optimizer_state=cxl1;master_params=cxl0" --json --out /tmp/demo
+echo "TIERFLOW-VM-DEMO-END $?"
 echo "TIERFLOW-VM-TESTS-BEGIN"
 /bin/multinode_tests --reporter compact --success >/tmp/tests.log 2>&1
 status=$?
