@@ -22,4 +22,7 @@ action add_topo_command(CLI::App& app);
  *  (examples/train_offload.cpp). */
 action add_demo_command(CLI::App& app);
 
+/** `tierflow tune`: sweeps window × Adam chunk on the demo's model (examples/train_offload.cpp). */
+action add_tune_command(CLI::App& app);
+
 }  // namespace tierflow::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const auto topo = add_topo_command(app);
   const auto demo = add_demo_command(app);
+  const auto tune = add_tune_command(app);
 
   try {
     app.parse(argc, argv);
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
     }
     if (app.got_subcommand("demo")) {
       return demo();
+    }
+    if (app.got_subcommand("tune")) {
+      return tune();
     }
     std::fprintf(stderr, "tierflow: error: no command given (see tierflow --help)\n");
     return exit_bad_input;

@@ -58,6 +58,7 @@ struct demo_options {
   std::string emu_link;
   std::string device = "auto";
   double lr = 1e-3;
+  std::size_t adam_chunk = std::size_t{1} << 18;  // elements
   std::uint64_t seed = 1;
   std::size_t log_every = 25;
   std::string out = "tierflow-demo";
@@ -219,6 +220,7 @@ struct resident_adam {
 struct run_result {
   std::vector<std::vector<float>> final_weights;
   std::vector<double> losses;
+  std::vector<double> step_seconds;  // wall time of each training step
   std::size_t steps = 0;
   scheduler_metrics sched;
   std::string sched_json;
@@ -340,7 +342,7 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
       throw input_error("--adam-mode", "expected cpu, streamed or auto", o.adam_mode);
     }
     ao.mode = *mode;
-    ao.chunk_elements = std::min<std::size_t>(n, std::size_t{1} << 18);
+    ao.chunk_elements = std::min<std::size_t>(n, o.adam_chunk);
     adam = std::make_unique<offload_adam>(dev, std::vector<adam_group>{group}, ao, placement);
   }
 
@@ -351,6 +353,7 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
   std::vector<double> loss_slot(1, 0.0);
   stream& compute = dev.compute_stream();
   for (std::size_t step = 0; step < o.steps; ++step) {
+    const auto step_start = clock_type::now();
     const std::size_t b = step % batches;
     std::memcpy(pinned_x.data(), data.x.data() + b * o.batch * w, o.batch * w * sizeof(float));
     std::memcpy(pinned_t.data(), data.t.data() + b * o.batch * w, o.batch * w * sizeof(float));
@@ -413,6 +416,8 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
     }
     compute.synchronize();
     result.losses.push_back(loss_slot[0]);
+    result.step_seconds.push_back(
+        std::chrono::duration<double>(clock_type::now() - step_start).count());
     ++result.steps;
     if (!quiet && o.log_every > 0 && (step + 1) % o.log_every == 0) {
       const auto m = sched.metrics();
@@ -594,6 +599,157 @@ int run_demo(const demo_options& o) {
   return exit_ok;
 }
 
+// ---- tierflow tune: sweep the prefetch window × the Adam chunk on the demo's model ----------
+
+struct tune_options {
+  demo_options model;
+  std::size_t measure_steps = 20;
+  std::size_t warmup_steps = 5;
+  std::string windows = "0,1,2,3,4";
+  std::string chunks = "65536,262144,1048576";
+  double hbm_budget_mib = 0;  // 0: no limit
+  bool as_json = false;
+};
+
+std::vector<std::uint64_t> parse_list(const std::string& text, const std::string& flag,
+                                      bool allow_zero) {
+  std::vector<std::uint64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    std::size_t used = 0;
+    std::uint64_t value = 0;
+    try {
+      value = std::stoull(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || item[0] == '-' || (!allow_zero && value == 0)) {
+      throw input_error(flag,
+                        allow_zero ? "expected a comma-separated list of integers >= 0"
+                                   : "expected a comma-separated list of integers > 0",
+                        text);
+    }
+    out.push_back(value);
+  }
+  if (out.empty()) {
+    throw input_error(flag, "the list is empty", text);
+  }
+  return out;
+}
+
+int run_tune(const tune_options& t) {
+  const auto windows = parse_list(t.windows, "--windows", true);
+  const auto chunks = parse_list(t.chunks, "--adam-chunks", false);
+  if (t.measure_steps == 0) {
+    throw input_error("--steps", "must be > 0");
+  }
+  demo_options o = t.model;
+  o.steps = t.warmup_steps + t.measure_steps;
+  o.verify = false;
+  o.log_every = 0;
+  std::string note;
+  auto dev = open_demo_device(o, note);
+  const topology topo = topology::discover();
+  const std::uint64_t budget = static_cast<std::uint64_t>(t.hbm_budget_mib * 1048576.0);
+  struct point {
+    std::uint64_t window = 0;
+    std::uint64_t chunk = 0;
+    double step_s = 0;
+    double stall = 0;
+    std::uint64_t hbm = 0;
+    bool pareto = false;
+  };
+  std::vector<point> sweep;
+  for (std::uint64_t w : windows) {
+    for (std::uint64_t c : chunks) {
+      o.window = w;
+      o.adam_chunk = c;
+      const run_result r = train(o, *dev, topo, false, true);
+      std::vector<double> measured(r.step_seconds.begin() + static_cast<long>(t.warmup_steps),
+                                   r.step_seconds.end());
+      std::sort(measured.begin(), measured.end());
+      point p{w,
+              c * sizeof(float),
+              measured[measured.size() / 2],
+              r.sched.stall_fraction,
+              r.sched.hbm_staging_peak_bytes,
+              false};
+      sweep.push_back(p);
+      if (!t.as_json) {
+        std::fprintf(stderr, "tune: window %llu, adam chunk %llu B: step %.2f ms, stall %.1f %%\n",
+                     static_cast<unsigned long long>(w), static_cast<unsigned long long>(p.chunk),
+                     p.step_s * 1e3, 100 * p.stall);
+      }
+    }
+  }
+  // Pareto front over (step time, HBM staging bytes): no other point is at least as good in
+  // both and better in one.
+  for (auto& p : sweep) {
+    p.pareto = std::none_of(sweep.begin(), sweep.end(), [&](const point& q) {
+      return q.step_s <= p.step_s && q.hbm <= p.hbm && (q.step_s < p.step_s || q.hbm < p.hbm);
+    });
+  }
+  // The recommendation: the fastest within the budget; within 2 % of it, the least HBM.
+  const point* best = nullptr;
+  for (const auto& p : sweep) {
+    if (budget != 0 && p.hbm > budget) {
+      continue;
+    }
+    if (best == nullptr || p.step_s < best->step_s) {
+      best = &p;
+    }
+  }
+  if (best == nullptr) {
+    throw input_error("--hbm-budget", "no setting of the sweep fits in it",
+                      std::to_string(t.hbm_budget_mib) + " MiB");
+  }
+  const point* pick = best;
+  for (const auto& p : sweep) {
+    if ((budget == 0 || p.hbm <= budget) && p.step_s <= best->step_s * 1.02 && p.hbm < pick->hbm) {
+      pick = &p;
+    }
+  }
+  json rows = json::array();
+  for (const auto& p : sweep) {
+    rows.push_back({{"window", p.window},
+                    {"chunk_bytes", p.chunk},
+                    {"adam_mode", "cpu"},
+                    {"step_time_s", p.step_s},
+                    {"stall_fraction", p.stall},
+                    {"hbm_staging_bytes", p.hbm},
+                    {"pareto", p.pareto}});
+  }
+  const json doc{{"workload", {{"layers", o.layers}, {"width", o.width}, {"batch", o.batch}}},
+                 {"steps_measured", t.measure_steps},
+                 {"hbm_budget_bytes", budget},
+                 {"recommended",
+                  {{"window", pick->window},
+                   {"chunk_bytes", pick->chunk},
+                   {"adam_mode", "cpu"},
+                   {"step_time_s", pick->step_s}}},
+                 {"best_step_time_s", best->step_s},
+                 {"sweep", rows}};
+  if (t.as_json) {
+    std::printf("%s\n", doc.dump().c_str());
+    return exit_ok;
+  }
+  std::printf("window  adam chunk  step ms   stall %%  HBM staging  pareto\n");
+  for (const auto& p : sweep) {
+    std::printf("%6llu  %8.1f KiB  %7.2f  %7.1f  %8.2f MiB  %s\n",
+                static_cast<unsigned long long>(p.window), static_cast<double>(p.chunk) / 1024,
+                p.step_s * 1e3, 100 * p.stall, static_cast<double>(p.hbm) / 1048576.0,
+                p.pareto ? "*" : "");
+  }
+  std::printf(
+      "recommended: --window %llu --adam-chunk %llu (step %.2f ms, best of the sweep %.2f "
+      "ms)\n",
+      static_cast<unsigned long long>(pick->window),
+      static_cast<unsigned long long>(pick->chunk / sizeof(float)), pick->step_s * 1e3,
+      best->step_s * 1e3);
+  return exit_ok;
+}
+
 }  // namespace
 
 action add_demo_command(CLI::App& app) {
@@ -617,6 +773,9 @@ action add_demo_command(CLI::App& app) {
                   "TIERFLOW_EMU_LINK)");
   cmd->add_option("--device", o->device, "auto or emulated")->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
+  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "Seed of the data and the initial weights")
       ->capture_default_str();
   cmd->add_option("--log-every", o->log_every, "Progress line every N steps (0: none)")
@@ -627,6 +786,32 @@ action add_demo_command(CLI::App& app) {
                 "Also train with everything resident in HBM and no offload; compare bit for bit");
   cmd->add_flag("--json", o->as_json, "Print one JSON object (last) instead of the summary");
   return [o] { return run_demo(*o); };
+}
+
+action add_tune_command(CLI::App& app) {
+  auto t = std::make_shared<tune_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "tune", "Sweep the prefetch window and the Adam chunk on the demo's model; recommend one");
+  cmd->add_option("--layers", t->model.layers, "Dense layers")->capture_default_str();
+  cmd->add_option("--width", t->model.width, "Units per layer")->capture_default_str();
+  cmd->add_option("--batch", t->model.batch, "Samples per step")->capture_default_str();
+  cmd->add_option("--steps", t->measure_steps, "Steps measured per setting")->capture_default_str();
+  cmd->add_option("--warmup", t->warmup_steps, "Steps run first, not measured")
+      ->capture_default_str();
+  cmd->add_option("--windows", t->windows, "Prefetch windows to try, in layers")
+      ->capture_default_str();
+  cmd->add_option("--adam-chunks", t->chunks, "Adam chunk sizes to try, in elements")
+      ->capture_default_str();
+  cmd->add_option("--hbm-budget", t->hbm_budget_mib,
+                  "Recommend only settings whose HBM staging fits, MiB (0: any)")
+      ->capture_default_str();
+  cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)");
+  cmd->add_option("--placement", t->model.placement, "Placement spec");
+  cmd->add_flag("--json", t->as_json, "Print one JSON object");
+  return [t] {
+    t->model.samples = std::max(t->model.samples, t->model.batch);
+    return run_tune(*t);
+  };
 }
 
 }  // namespace tierflow::cli

@@ -244,3 +244,48 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(run_cli({"demo", "--device", "cuda:7"}), "--device");
   check_one_line_error(run_cli({"demo", "--lr", "-1"}), "--lr");
 }
+
+TEST_CASE("tune sweeps window x chunk, marks the Pareto front and recommends within the budget",
+          "[cli][demo]") {
+  const auto r = run_cli(
+      {"tune", "--layers", "3", "--width", "64", "--batch", "8", "--steps", "6", "--warmup", "2",
+       "--windows", "0,1,3", "--adam-chunks", "1024,4096", "--hbm-budget", "0.04", "--json"},
+      "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
+  INFO("stderr: " << r.err << "\nstdout: " << r.out);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["sweep"].size() == 6);
+  const auto budget = j["hbm_budget_bytes"].get<std::uint64_t>();
+  double best = 1e30;
+  for (const auto& p : j["sweep"]) {
+    CHECK(p["step_time_s"].get<double>() > 0);
+    if (p["hbm_staging_bytes"].get<std::uint64_t>() <= budget) {
+      best = std::min(best, p["step_time_s"].get<double>());
+    }
+    // A point is on the front exactly when no other is as good in both and better in one.
+    bool dominated = false;
+    for (const auto& q : j["sweep"]) {
+      const bool as_good =
+          q["step_time_s"] <= p["step_time_s"] && q["hbm_staging_bytes"] <= p["hbm_staging_bytes"];
+      const bool better =
+          q["step_time_s"] < p["step_time_s"] || q["hbm_staging_bytes"] < p["hbm_staging_bytes"];
+      dominated = dominated || (as_good && better);
+    }
+    CHECK(p["pareto"].get<bool>() == !dominated);
+  }
+  const auto& rec = j["recommended"];
+  CHECK(j["best_step_time_s"].get<double>() == best);
+  CHECK(rec["step_time_s"].get<double>() <= 1.02 * best);
+  bool found = false;
+  for (const auto& p : j["sweep"]) {
+    if (p["window"] == rec["window"] && p["chunk_bytes"] == rec["chunk_bytes"]) {
+      found = true;
+      CHECK(p["hbm_staging_bytes"].get<std::uint64_t>() <= budget);
+    }
+  }
+  CHECK(found);
+  // 0.04 MiB holds at most window 0 or 1 of 16 KiB layers (plus the step's own slot).
+  CHECK(rec["window"].get<int>() <= 1);
+  check_one_line_error(run_cli({"tune", "--windows", "1,x"}), "--windows");
+  check_one_line_error(run_cli({"tune", "--adam-chunks", "0"}), "--adam-chunks");
+}
