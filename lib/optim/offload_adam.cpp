@@ -32,6 +32,7 @@
 #include "optim/adam_kernels.hpp"
 #include "optim/worker_pool.hpp"
 #include "tierflow/log.hpp"
+#include "tierflow/metrics.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/where.hpp"
 
@@ -793,8 +794,9 @@ void offload_adam::load(const std::filesystem::path& path) {
 adam_metrics offload_adam::metrics() const {
   adam_metrics m = impl_->totals;
   if (impl_->scheduler) {
-    m.bytes_h2d = impl_->scheduler->metrics().bytes_in;
-    m.bytes_d2h = impl_->scheduler->metrics().bytes_out;
+    const scheduler_metrics sm = impl_->scheduler->metrics();
+    m.bytes_h2d = sm.bytes_in;
+    m.bytes_d2h = sm.bytes_out;
   }
   return m;
 }
@@ -849,23 +851,19 @@ std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param
 }
 
 std::string adam_metrics::to_json() const {
-  std::ostringstream out;
-  out.precision(9);
-  std::string reason;
-  for (char ch : mode_reason) {
-    if (ch == '"' || ch == '\\') {
-      reason += '\\';
-    }
-    reason += ch;
-  }
-  out << "{\"schema_version\":1,\"adam\":{\"mode\":\"" << to_string(mode) << "\",\"mode_reason\":\""
-      << reason << "\",\"kernel\":\"" << to_string(kernel) << "\",\"threads\":" << threads
-      << ",\"params\":" << params << ",\"chunks\":" << chunks << ",\"steps\":" << steps
-      << ",\"skipped_steps\":" << skipped_steps << ",\"step_seconds_total\":" << step_seconds_total
-      << ",\"last_step_seconds\":" << last_step_seconds << ",\"grad_seconds\":" << grad_seconds
-      << ",\"update_seconds\":" << update_seconds << ",\"bytes_d2h\":" << bytes_d2h
-      << ",\"bytes_h2d\":" << bytes_h2d << ",\"state_bytes\":" << state_bytes << "}}";
-  return out.str();
+  metrics::json_writer w;
+  w.begin_object().key("schema_version").value(1).key("adam").begin_object();
+  w.key("mode").value(to_string(mode)).key("mode_reason").value(mode_reason);
+  w.key("kernel").value(to_string(kernel)).key("threads").value(std::uint64_t{threads});
+  w.key("params").value(params).key("chunks").value(chunks);
+  w.key("steps").value(steps).key("skipped_steps").value(skipped_steps);
+  w.key("step_seconds_total").value(step_seconds_total);
+  w.key("last_step_seconds").value(last_step_seconds);
+  w.key("grad_seconds").value(grad_seconds).key("update_seconds").value(update_seconds);
+  w.key("bytes_d2h").value(bytes_d2h).key("bytes_h2d").value(bytes_h2d);
+  w.key("state_bytes").value(state_bytes);
+  w.end_object().end_object();
+  return w.str();
 }
 
 }  // namespace tierflow

@@ -138,6 +138,15 @@ namespace {
 // refused is never loaded here, so the caller leaks nothing either.
 constexpr int reported = 3;  // the child's exit status once it has written its report
 
+// The messages for a file hwloc refuses, at set_xml or at load (the child and the direct load
+// report the same way).
+std::string refused_by_set_xml(int code) {
+  return std::string("hwloc rejected the XML (") + std::strerror(code) + ")";
+}
+std::string refused_by_load(int code) {
+  return std::string("hwloc_topology_load failed: ") + std::strerror(code);
+}
+
 // What the child reports through its pipe: the stage that refused the file and its errno.
 struct child_report {
   int stage = 0;  // 0: loaded; 1: set_xml refused it; 2: load refused it
@@ -199,11 +208,11 @@ int check_in_child(const char* xml_path, std::string& error) noexcept {
     return EINVAL;
   }
   if (report.stage == 1) {
-    error = std::string("hwloc rejected the XML (") + std::strerror(report.code) + ")";
+    error = refused_by_set_xml(report.code);
     return report.code;
   }
   if (report.stage == 2) {
-    error = std::string("hwloc_topology_load failed: ") + std::strerror(report.code);
+    error = refused_by_load(report.code);
     return report.code;
   }
   return 0;
@@ -228,14 +237,14 @@ int hwloc_probe(const char* xml_path, hwloc_facts& out, std::string& error) noex
       // set_xml validates the file; on failure hwloc would silently load the live machine.
       if (hwloc_topology_set_xml(raw, xml_path) != 0) {
         const int code = errno != 0 ? errno : EINVAL;
-        error = std::string("hwloc rejected the XML (") + std::strerror(code) + ")";
+        error = refused_by_set_xml(code);
         return code;
       }
       hwloc_topology_set_io_types_filter(raw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
     }
     if (hwloc_topology_load(raw) != 0) {
       const int code = errno != 0 ? errno : EINVAL;
-      error = std::string("hwloc_topology_load failed: ") + std::strerror(code);
+      error = refused_by_load(code);
       return code;
     }
     out = {};
