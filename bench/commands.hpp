@@ -18,6 +18,9 @@ using action = std::function<int()>;
 /** `tierflow topo`: the machine's memory tiers as a table or JSON. */
 action add_topo_command(CLI::App& app);
 
+/** `tierflow bench`: memory tiers and links measured (bench_command.cpp). */
+action add_bench_command(CLI::App& app);
+
 /** `tierflow demo`: trains a model with its weights and Adam state offloaded
  *  (examples/train_offload.cpp). */
 action add_demo_command(CLI::App& app);

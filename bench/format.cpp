@@ -15,8 +15,10 @@ std::string format_bytes(std::optional<std::uint64_t> bytes) {
   const auto value = static_cast<double>(*bytes);
   if (value >= gib) {
     std::snprintf(text, sizeof text, "%.1f GiB", value / gib);
-  } else {
+  } else if (value >= mib) {
     std::snprintf(text, sizeof text, "%.0f MiB", value / mib);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f KiB", value / 1024.0);
   }
   return text;
 }

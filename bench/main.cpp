@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("tierflow ") + TIERFLOW_VERSION_STRING);
   app.require_subcommand(1);
   const auto topo = add_topo_command(app);
+  const auto bench = add_bench_command(app);
   const auto demo = add_demo_command(app);
   const auto tune = add_tune_command(app);
 
@@ -37,6 +38,9 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("topo")) {
       return topo();
+    }
+    if (app.got_subcommand("bench")) {
+      return bench();
     }
     if (app.got_subcommand("demo")) {
       return demo();

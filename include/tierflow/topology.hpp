@@ -137,7 +137,49 @@ struct discovery_options {
   /** @brief Settings to read `tiers` from when tiers_override is unset; null: environment
    * only. */
   const settings* config = nullptr;
+  /**
+   * @brief Apply the values `tierflow bench` measured on this machine (source `measured`,
+   * replacing firmware values), read from its cache file when one exists for this machine and
+   * kernel. Only when describing the live machine, or when measured_cache_dir is given.
+   */
+  bool use_measured_cache = true;
+  /** @brief Where the cache lives; default measured_cache_dir(). */
+  std::optional<std::filesystem::path> measured_cache_dir;
 };
+
+/** @brief Access performance measured from one node to another (MB/s, ns), as cached. */
+struct measured_access {
+  numa_node_id initiator;
+  numa_node_id target;
+  std::optional<double> read_bandwidth_mbps;
+  std::optional<double> write_bandwidth_mbps;
+  std::optional<double> read_latency_ns;
+};
+
+/**
+ * @brief The measured-attribute cache folder: env `TIERFLOW_CACHE_DIR`, else
+ * `$XDG_CACHE_HOME/tierflow`, else `$HOME/.cache/tierflow`.
+ * @throws input_error when the variable that decides it is set but not an absolute path
+ */
+[[nodiscard]] std::filesystem::path measured_cache_dir();
+
+/**
+ * @brief The cache file of this machine (host name, kernel release and NUMA nodes of @p topo)
+ * in @p dir (default measured_cache_dir()).
+ */
+[[nodiscard]] std::filesystem::path measured_cache_file(
+    const class topology& topo, const std::optional<std::filesystem::path>& dir = {});
+
+/**
+ * @brief Stores @p values as this machine's measured attributes (written to a temporary file,
+ * fsynced and renamed; the folder is created). Later discoveries apply them.
+ * @return the file written
+ * @throws input_error for a value that is not finite and positive or a node @p topo lacks;
+ *         error when the file cannot be written
+ */
+std::filesystem::path save_measured_access(const class topology& topo,
+                                           const std::vector<measured_access>& values,
+                                           const std::optional<std::filesystem::path>& dir = {});
 
 /** @brief The memory tiers of a machine. */
 class topology {

@@ -5,6 +5,7 @@
 #include "platform/sysfs.hpp"
 #include "tierflow/log.hpp"
 #include "topology/machine_facts.hpp"
+#include "topology/measured_cache.hpp"
 #include "topology/topology_builder.hpp"
 
 namespace tierflow {
@@ -44,6 +45,12 @@ topology topology::discover(const discovery_options& options) {
     if (on_pci > 0) {
       facts.gpu_status += "; " + std::to_string(on_pci) + " NVIDIA GPU(s) on the PCI bus";
     }
+  }
+  // What tierflow bench measured here replaces firmware values (a cache never fails discovery,
+  // but a bad TIERFLOW_CACHE_DIR is an input error like any other env var).
+  if (options.use_measured_cache && (describes_live_machine || options.measured_cache_dir)) {
+    detail::apply_measured_cache(facts, options.measured_cache_dir ? *options.measured_cache_dir
+                                                                   : measured_cache_dir());
   }
   auto topo = topology_builder::build(std::move(facts), options);
   detail::log(log_level::debug, "topology: " + std::to_string(topo.nodes().size()) + " node(s), " +

@@ -1,0 +1,156 @@
+// The measured-attribute cache: tierflow bench writes it, discovery applies it (source
+// `measured`), a bad file is ignored with a warning and never stops discovery.
+
+#include <fstream>
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+#include "tierflow/error.hpp"
+#include "tierflow/topology.hpp"
+#include "topology/measured_cache.hpp"
+
+using namespace tierflow;
+
+namespace {
+
+topology live(const std::filesystem::path& cache_dir, bool use = true) {
+  discovery_options o;
+  o.use_cuda = false;
+  o.measured_cache_dir = cache_dir;
+  o.use_measured_cache = use;
+  return topology::discover(o);
+}
+
+}  // namespace
+
+TEST_CASE("measured values round-trip through the cache and replace firmware values",
+          "[topology][measured]") {
+  auto gen = test::rng(9201);
+  std::uniform_real_distribution<double> bw(1000.0, 400000.0);
+  std::uniform_real_distribution<double> ns(50.0, 900.0);
+  test::scratch_dir dir;
+  const auto before = live(dir.path());
+  std::vector<measured_access> values;
+  for (const auto& from : before.nodes()) {
+    if (!from.has_cpu) {
+      continue;
+    }
+    for (const auto& to : before.nodes()) {
+      values.push_back({from.id, to.id, bw(gen), bw(gen), ns(gen)});
+    }
+  }
+  REQUIRE_FALSE(values.empty());
+  const auto path = save_measured_access(before, values, dir.path());
+  CHECK(path == measured_cache_file(before, dir.path()));
+  CHECK(std::filesystem::exists(path));
+
+  const auto after = live(dir.path());
+  for (const auto& v : values) {
+    const auto perf = after.access(v.initiator, v.target);
+    CHECK(perf.read_bandwidth.source == attr_source::measured);
+    CHECK(perf.read_bandwidth.value == Approx(*v.read_bandwidth_mbps).epsilon(1e-5));
+    CHECK(perf.write_bandwidth.value == Approx(*v.write_bandwidth_mbps).epsilon(1e-5));
+    CHECK(perf.read_latency.source == attr_source::measured);
+    CHECK(perf.read_latency.value == Approx(*v.read_latency_ns).epsilon(1e-5));
+  }
+  CHECK(std::find(after.sources().begin(), after.sources().end(), "measured:" + path.string()) !=
+        after.sources().end());
+  // The initiator's own tier reports the measured values too.
+  const auto& dram = after.tiers().front();
+  CHECK(dram.perf.read_bandwidth.source == attr_source::measured);
+
+  // Off when asked, and for inputs that describe another machine.
+  const auto off = live(dir.path(), false);
+  CHECK(off.access(values[0].initiator, values[0].target).read_bandwidth.source !=
+        attr_source::measured);
+  discovery_options fixture;
+  fixture.sysfs_root = test::sysfs_fixture("two_socket_cxl");
+  const auto other = topology::discover(fixture);  // no cache dir given: never applied
+  for (const auto& s : other.sources()) {
+    CHECK_THAT(s, !Catch::StartsWith("measured:"));
+  }
+}
+
+TEST_CASE("a cache of another machine, or a malformed one, is ignored with a warning",
+          "[topology][measured]") {
+  test::scratch_dir dir;
+  const auto topo = live(dir.path(), false);
+  const auto path = measured_cache_file(topo, dir.path());
+  const auto write = [&](const std::string& text) { std::ofstream(path, std::ios::trunc) << text; };
+  const auto applied = [&] {
+    const auto t = live(dir.path());
+    return std::any_of(t.sources().begin(), t.sources().end(),
+                       [](const std::string& s) { return s.rfind("measured:", 0) == 0; });
+  };
+  write("tierflow-measured 1\nkey another|host|0\naccess 0 0 read_bandwidth_mbps 5000\n");
+  CHECK_FALSE(applied());
+  const std::string key = detail::measured_cache_key({topo.nodes().front().id.value});
+  for (const auto& bad :
+       {std::string("garbage\n"),
+        "tierflow-measured 1\nkey " + key + "\naccess 0 0 read_bandwidth_mbps -4\n",
+        "tierflow-measured 1\nkey " + key + "\naccess 0 0 colour 7\n",
+        "tierflow-measured 1\nkey " + key + "\naccess zero 0 read_latency_ns 9\n",
+        std::string("")}) {
+    write(bad);
+    test::captured_log logs;
+    CHECK_FALSE(applied());
+    CHECK_THAT(logs.text(), Catch::Contains("ignoring the measured-attribute cache"));
+    CHECK_THAT(logs.text(), Catch::Contains(path.string()));
+  }
+}
+
+TEST_CASE("the cache parser names the line and what was wrong", "[topology][measured][parse]") {
+  std::string key;
+  const auto values = detail::parse_measured_cache(
+      "tierflow-measured 1\n# comment\nkey h|6.1|0-1\naccess 0 1 read_bandwidth_mbps 1234.5\n"
+      "access 0 1 read_latency_ns 210\naccess 1 0 write_bandwidth_mbps 99\n",
+      "cache", key);
+  CHECK(key == "h|6.1|0-1");
+  REQUIRE(values.size() == 2);
+  CHECK(values[0].read_bandwidth_mbps == 1234.5);
+  CHECK(values[0].read_latency_ns == 210.0);
+  CHECK_FALSE(values[0].write_bandwidth_mbps);
+  CHECK(values[1].write_bandwidth_mbps == 99.0);
+  const auto text = detail::format_measured_cache(key, values);
+  std::string again_key;
+  const auto again = detail::parse_measured_cache(text, "round trip", again_key);
+  CHECK(again_key == key);
+  CHECK(again.size() == values.size());
+
+  const auto fails = [](const std::string& input, const std::string& expected) {
+    std::string k;
+    try {
+      (void)detail::parse_measured_cache(input, "f", k);
+      FAIL("accepted: " << input);
+    } catch (const input_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(expected));
+    }
+  };
+  fails("nope\n", "f:1: not a tierflow measured-attribute cache");
+  fails("tierflow-measured 1\nkey k\naccess 0 1 read_latency_ns inf\n", "f:3");
+  fails("tierflow-measured 1\nkey k\naccess 0 1 read_latency_ns\n", "expected 'access");
+  fails("tierflow-measured 1\naccess 0 1 read_latency_ns 5\n", "no 'key' line");
+  fails("tierflow-measured 1\nkey k\naccess 0 99999 read_latency_ns 5\n", "0..4095");
+}
+
+TEST_CASE("saving refuses bad values and unknown nodes, and TIERFLOW_CACHE_DIR is validated",
+          "[topology][measured]") {
+  test::scratch_dir dir;
+  const auto topo = live(dir.path(), false);
+  const auto node = topo.nodes().front().id;
+  CHECK_THROWS_AS(save_measured_access(topo, {{node, node, -1.0, {}, {}}}, dir.path()),
+                  input_error);
+  CHECK_THROWS_AS(save_measured_access(topo, {{node, numa_node_id{4000}, 5.0, {}, {}}}, dir.path()),
+                  input_error);
+  CHECK_FALSE(std::filesystem::exists(measured_cache_file(topo, dir.path())));  // nothing kept
+  {
+    test::scoped_env env("TIERFLOW_CACHE_DIR", "relative/dir");
+    CHECK_THROWS_WITH(measured_cache_dir(), Catch::Contains("TIERFLOW_CACHE_DIR"));
+  }
+  {
+    test::scoped_env env("TIERFLOW_CACHE_DIR", dir.path().c_str());
+    CHECK(measured_cache_dir() == dir.path() / "");
+  }
+}
