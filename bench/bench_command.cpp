@@ -364,6 +364,7 @@ json load_report(const std::string& path) {
 }
 
 int run(bench_options& o) {
+  check_case_patterns(o.config.cases);
   if (o.list) {
     std::vector<std::vector<std::string>> rows;
     for (const auto& c : bench_cases()) {

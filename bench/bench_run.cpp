@@ -798,8 +798,8 @@ std::string utc_now() {
 
 }  // namespace
 
-json run_bench(const bench_config& config, const topology& topo, const bench_progress& progress) {
-  for (const auto& pattern : config.cases) {
+void check_case_patterns(const std::vector<std::string>& patterns) {
+  for (const auto& pattern : patterns) {
     const bool any =
         std::any_of(bench_cases().begin(), bench_cases().end(),
                     [&](const bench_case& c) { return case_selected(c.name, {pattern}); });
@@ -808,6 +808,10 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
                         pattern);
     }
   }
+}
+
+json run_bench(const bench_config& config, const topology& topo, const bench_progress& progress) {
+  check_case_patterns(config.cases);
   if (config.samples < 1) {
     throw input_error("--samples", "must be at least 1", std::to_string(config.samples));
   }
@@ -891,9 +895,13 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
   if (from_nodes.size() < 2) {
     machine["note"] = "one NUMA node with CPUs: the matrix has one initiator row";
   }
-  json settings{{"samples", config.samples},       {"warmup", 1},
-                {"buffer_bytes", bytes},           {"latency_buffer_bytes", latency_bytes},
-                {"link_bytes", config.link_bytes}, {"device", config.device}};
+  json settings{{"samples", config.samples},
+                {"warmup", 1},
+                {"buffer_bytes", bytes},
+                {"latency_buffer_bytes", latency_bytes},
+                {"link_bytes", config.link_bytes},
+                {"device", config.device},
+                {"llc_bytes_from", config.llc_bytes ? "--llc-mib" : "sysfs (cpu0 caches)"}};
   if (bytes < 4 * llc) {
     settings["note"] = "buffers are below 4 x the last-level cache: cache bandwidth is measured";
   }

@@ -28,6 +28,10 @@ const std::vector<bench_case>& bench_cases();
  *  all). */
 bool case_selected(const std::string& name, const std::vector<std::string>& patterns);
 
+/** @brief Refuses a pattern that selects no case.
+ *  @throws input_error naming --case and the pattern */
+void check_case_patterns(const std::vector<std::string>& patterns);
+
 /** @brief What a run measures and how. */
 struct bench_config {
   std::vector<std::string> cases;  ///< names or prefixes; empty: every case
