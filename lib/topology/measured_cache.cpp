@@ -166,7 +166,7 @@ std::string format_measured_cache(std::string_view key,
                      std::string(key) + "\n";
   const auto line = [&](const measured_access& m, const char* name, double v) {
     char buf[128];
-    std::snprintf(buf, sizeof buf, "access %d %d %s %.6g\n", m.initiator.value, m.target.value,
+    std::snprintf(buf, sizeof buf, "access %d %d %s %.17g\n", m.initiator.value, m.target.value,
                   name, v);
     text += buf;
   };

@@ -10,7 +10,8 @@ findings="$build/findings"
 export LSAN_OPTIONS="suppressions=$here/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 mkdir -p "$findings"
 status=0
-for target in fuzz_id_list fuzz_settings fuzz_specs fuzz_sysfs fuzz_hwloc_xml fuzz_checkpoint; do
+for target in fuzz_id_list fuzz_settings fuzz_specs fuzz_sysfs fuzz_hwloc_xml fuzz_checkpoint \
+    fuzz_measured_cache; do
   work=$(mktemp -d)
   cp "$here/corpus/$target/"* "$work/"
   echo "== $target (${seconds}s)"
