@@ -356,6 +356,8 @@ json load_report(const std::string& path) {
                     : !tc.contains(key) || tc[key].is_number_integer(),
              where + " \"" + key + "\" is " + (matrix ? "missing or " : "") + "not an integer");
       }
+      need(!tc.contains("verified") || tc["verified"].is_boolean(),
+           where + " \"verified\" is not true or false");
       need(!tc.contains("chunk_bytes") || tc["chunk_bytes"].is_number_unsigned(),
            where + " \"chunk_bytes\" is not a byte count");
     }

@@ -57,8 +57,15 @@ bool case_selected(const std::string& name, const std::vector<std::string>& patt
   if (patterns.empty()) {
     return true;
   }
-  return std::any_of(patterns.begin(), patterns.end(),
-                     [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  // A case's own name selects that case alone (h2d_pinned, not h2d_pinned_chunks); anything
+  // else selects the cases it begins.
+  const auto is_case = [](const std::string& p) {
+    return std::any_of(bench_cases().begin(), bench_cases().end(),
+                       [&](const bench_case& c) { return c.name == p; });
+  };
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) {
+    return name == p || (!is_case(p) && name.rfind(p, 0) == 0);
+  });
 }
 
 std::size_t last_level_cache_bytes() {
@@ -175,8 +182,28 @@ json testcase(const std::string& name, const std::string& group, const char* uni
               {"median", s.median}, {"min", s.min},   {"max", s.max},   {"samples", s.samples}};
 }
 
-json waived(const std::string& name, const std::string& group, const std::string& reason) {
-  return json{{"name", name}, {"group", group}, {"status", "waived"}, {"reason", reason}};
+// A case this machine cannot run here, in its group, with where it would have run.
+json waived(const std::string& name, const std::string& reason, int initiator = -1,
+            int target = -1) {
+  std::string group;
+  for (const auto& c : bench_cases()) {
+    if (c.name == name) {
+      group = c.group;
+    }
+  }
+  json w{{"name", name}, {"group", group}, {"status", "waived"}, {"reason", reason}};
+  if (initiator >= 0) {
+    w["initiator"] = initiator;
+  }
+  if (target >= 0) {
+    w["target"] = target;
+  }
+  return w;
+}
+
+// Whether @p need bytes fit in the free memory of @p node, keeping 64 MiB for everyone else.
+bool fits(const numa_node& node, std::size_t need) {
+  return !node.free_bytes || *node.free_bytes > need + (std::size_t{64} << 20);
 }
 
 // A mapping of @p bytes bound to @p node (huge pages asked for), freed on destruction.
@@ -613,7 +640,7 @@ void run_links(context& ctx) {
     throw;
   } catch (const std::exception& e) {
     for (const auto& name : names) {
-      ctx.testcases.push_back(waived(name, "link", std::string("no device: ") + e.what()));
+      ctx.testcases.push_back(waived(name, std::string("no device: ") + e.what()));
     }
     return;
   }
@@ -625,12 +652,13 @@ void run_links(context& ctx) {
   }
   for (const auto& node : ctx.topo.nodes()) {
     const std::size_t bytes = ctx.config.link_bytes;
-    if (node.free_bytes && *node.free_bytes < 3 * bytes) {
+    if (!fits(node, 3 * bytes)) {
       for (const auto& name : names) {
-        json w = waived(name, "link",
-                        "node " + std::to_string(node.id.value) + " has too little free memory");
-        w["initiator"] = node.id.value;
-        ctx.testcases.push_back(std::move(w));
+        ctx.testcases.push_back(waived(name,
+                                       "node " + std::to_string(node.id.value) +
+                                           " has too little free memory for 3 x " +
+                                           std::to_string(bytes / mib) + " MiB",
+                                       node.id.value));
       }
       continue;
     }
@@ -852,9 +880,6 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
       throw input_error("--threads", "thread counts must be at least 1", "0");
     }
   }
-  const auto fits = [&](const numa_node& to, std::size_t need) {
-    return !to.free_bytes || *to.free_bytes > need + (std::size_t{64} << 20);
-  };
   for (const auto* from : from_nodes) {
     for (const auto& to : topo.nodes()) {
       if (fits(to, 3 * bytes)) {
@@ -862,13 +887,11 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
       } else {
         for (const auto& c : bench_cases()) {
           if (c.group == "node_bandwidth" && case_selected(c.name, config.cases)) {
-            json w = waived(c.name, c.group,
-                            "node " + std::to_string(to.id.value) +
-                                " has too little free memory for 3 x " +
-                                std::to_string(bytes / mib) + " MiB");
-            w["initiator"] = from->id.value;
-            w["target"] = to.id.value;
-            ctx.testcases.push_back(std::move(w));
+            ctx.testcases.push_back(waived(c.name,
+                                           "node " + std::to_string(to.id.value) +
+                                               " has too little free memory for 3 x " +
+                                               std::to_string(bytes / mib) + " MiB",
+                                           from->id.value, to.id.value));
           }
         }
       }
@@ -876,9 +899,11 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
         if (fits(to, latency_bytes)) {
           run_latency(ctx, *from, to, latency_bytes);
         } else {
-          ctx.testcases.push_back(
-              waived("node_latency", "node_latency",
-                     "node " + std::to_string(to.id.value) + " has too little free memory"));
+          ctx.testcases.push_back(waived("node_latency",
+                                         "node " + std::to_string(to.id.value) +
+                                             " has too little free memory for " +
+                                             std::to_string(latency_bytes / mib) + " MiB",
+                                         from->id.value, to.id.value));
         }
       }
     }
@@ -887,6 +912,16 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
   for (const auto& to : topo.nodes()) {
     if (fits(to, 4 * bytes)) {
       run_adam(ctx, *from_nodes.front(), to, bytes);
+      continue;
+    }
+    for (const char* name : {"adam_bound", "adam_cpu"}) {
+      if (case_selected(name, config.cases)) {
+        ctx.testcases.push_back(waived(name,
+                                       "node " + std::to_string(to.id.value) +
+                                           " has too little free memory for 4 x " +
+                                           std::to_string(bytes / mib) + " MiB",
+                                       from_nodes.front()->id.value, to.id.value));
+      }
     }
   }
 

@@ -44,7 +44,7 @@ isa detect() noexcept {
   if (__builtin_cpu_supports("avx512f")) {
     return isa::avx512;
   }
-  if (__builtin_cpu_supports("avx2")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {  // the triad fuses
     return isa::avx2;
   }
   return isa::scalar;

@@ -197,6 +197,8 @@ class placement_policy {
 
   /** @brief The placement in force. */
   [[nodiscard]] const placement_spec& spec() const noexcept;
+  /** @brief The machine it places on (with any measured attributes discovery applied). */
+  [[nodiscard]] const tierflow::topology& machine() const noexcept;
   /** @brief Accounting now. */
   [[nodiscard]] placement_snapshot snapshot() const;
 

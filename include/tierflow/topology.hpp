@@ -172,7 +172,9 @@ struct measured_access {
 
 /**
  * @brief Stores @p values as this machine's measured attributes (written to a temporary file,
- * fsynced and renamed; the folder is created). Later discoveries apply them.
+ * fsynced and renamed; the folder is created). Later discoveries apply them. A value replaces
+ * the cached one of the same initiator, target and attribute; the others are kept (a valid
+ * cache of this machine is merged, a malformed one replaced).
  * @return the file written
  * @throws input_error for a value that is not finite and positive or a node @p topo lacks;
  *         error when the file cannot be written

@@ -259,6 +259,10 @@ const placement_spec& placement_policy::spec() const noexcept {
   return state_->spec;
 }
 
+const topology& placement_policy::machine() const noexcept {
+  return state_->topo;
+}
+
 void placement_policy::attach_resource(std::string_view tier_name, memory_resource& resource) {
   auto& s = *state_;
   const std::lock_guard lock(s.mutex);

@@ -180,10 +180,14 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     // An override entry is one tier whatever its nodes' distances and memory tiers.
     const int distance_key = entry >= 0 ? 0 : (distance ? static_cast<int>(*distance) : 1 << 20);
     const int memory_tier_key = entry >= 0 ? -1 : node.memory_tier.value_or(-1);
-    // Nodes that the initiator sees with different firmware values are different tiers.
+    // Nodes that the initiator sees with different firmware values are different tiers;
+    // measured values (tierflow bench: noisy, never equal) do not split a tier.
     const auto perf = topo.access(topo.initiator_, node.id);
-    const double bandwidth_key = entry >= 0 ? 0.0 : -perf.read_bandwidth.value;
-    const double latency_key = entry >= 0 ? 0.0 : perf.read_latency.value;
+    const auto firmware = [&](const auto& attr) {
+      return entry >= 0 || attr.source == attr_source::measured ? 0.0 : attr.value;
+    };
+    const double bandwidth_key = -firmware(perf.read_bandwidth);
+    const double latency_key = firmware(perf.read_latency);
     groups[{kind_rank(node.kind), distance_key, entry, memory_tier_key, bandwidth_key, latency_key}]
         .push_back(node.id);
   }

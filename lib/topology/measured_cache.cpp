@@ -184,6 +184,14 @@ std::string format_measured_cache(std::string_view key,
   return text;
 }
 
+std::vector<measured_access> load_measured_cache(const std::filesystem::path& path,
+                                                 std::string& key) {
+  const auto bytes = read_file(path, "measured-attribute cache", max_cache_bytes);
+  return parse_measured_cache(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string(),
+      key);
+}
+
 void apply_measured_cache(machine_facts& facts, const std::filesystem::path& dir) {
   std::vector<int> ids;
   for (const auto& n : facts.nodes) {
@@ -197,11 +205,8 @@ void apply_measured_cache(machine_facts& facts, const std::filesystem::path& dir
   }
   std::vector<measured_access> values;
   try {
-    const auto bytes = read_file(path, "measured-attribute cache", max_cache_bytes);
     std::string file_key;
-    values = parse_measured_cache(
-        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string(),
-        file_key);
+    values = load_measured_cache(path, file_key);
     if (file_key != key) {
       log(log_level::debug, "topology: " + path.string() + " is for '" + file_key +
                                 "', not this machine ('" + key + "'): not applied");
@@ -232,24 +237,38 @@ void apply_measured_cache(machine_facts& facts, const std::filesystem::path& dir
 
 }  // namespace detail
 
-std::filesystem::path measured_cache_dir() {
-  const auto absolute = [](const char* name, const char* value, const char* suffix) {
-    const std::filesystem::path p(value);
-    if (!p.is_absolute()) {
-      throw input_error(std::string("env ") + name, "must be an absolute path", value);
-    }
-    return p / suffix;
-  };
+namespace detail {
+
+std::optional<std::filesystem::path> default_measured_cache_dir() {
   if (const char* dir = std::getenv("TIERFLOW_CACHE_DIR"); dir != nullptr && *dir != '\0') {
-    return absolute("TIERFLOW_CACHE_DIR", dir, "");
+    const std::filesystem::path p(dir);
+    if (!p.is_absolute()) {
+      throw input_error("env TIERFLOW_CACHE_DIR", "must be an absolute path", dir);
+    }
+    return p / "";
   }
+  // As the XDG base-directory spec says: a relative XDG_CACHE_HOME is ignored.
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return absolute("XDG_CACHE_HOME", xdg, "tierflow");
+    if (std::filesystem::path(xdg).is_absolute()) {
+      return std::filesystem::path(xdg) / "tierflow";
+    }
   }
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return absolute("HOME", home, ".cache/tierflow");
+    if (std::filesystem::path(home).is_absolute()) {
+      return std::filesystem::path(home) / ".cache/tierflow";
+    }
   }
-  throw input_error("env HOME", "no cache folder: set TIERFLOW_CACHE_DIR, XDG_CACHE_HOME or HOME");
+  return std::nullopt;
+}
+
+}  // namespace detail
+
+std::filesystem::path measured_cache_dir() {
+  if (auto dir = detail::default_measured_cache_dir()) {
+    return *dir;
+  }
+  throw input_error("env HOME",
+                    "no cache folder: set TIERFLOW_CACHE_DIR, XDG_CACHE_HOME or HOME (absolute)");
 }
 
 std::filesystem::path measured_cache_file(const topology& topo,
@@ -279,7 +298,37 @@ std::filesystem::path save_measured_access(const topology& topo,
   }
   const auto key = detail::measured_cache_key(detail::node_ids(topo));
   const auto path = detail::measured_cache_path(folder, key);
-  const auto text = detail::format_measured_cache(key, values);
+  std::vector<measured_access> merged;
+  if (std::filesystem::exists(path, ec)) {
+    try {
+      std::string file_key;
+      merged = detail::load_measured_cache(path, file_key);
+      if (file_key != key) {
+        merged.clear();
+      }
+    } catch (const std::exception& e) {
+      detail::log(log_level::warning,
+                  std::string("measured-attribute cache: replacing a bad file: ") + e.what());
+      merged.clear();
+    }
+  }
+  for (const auto& m : values) {
+    auto it = std::find_if(merged.begin(), merged.end(), [&](const measured_access& old) {
+      return old.initiator == m.initiator && old.target == m.target;
+    });
+    if (it == merged.end()) {
+      merged.push_back(m);
+      continue;
+    }
+    for (auto [mine, theirs] : {std::pair{&it->read_bandwidth_mbps, &m.read_bandwidth_mbps},
+                                std::pair{&it->write_bandwidth_mbps, &m.write_bandwidth_mbps},
+                                std::pair{&it->read_latency_ns, &m.read_latency_ns}}) {
+      if (*theirs) {
+        *mine = *theirs;
+      }
+    }
+  }
+  const auto text = detail::format_measured_cache(key, merged);
   detail::durable_writer out(path, "measured-attribute cache");
   out.write(text.data(), text.size());
   out.commit();

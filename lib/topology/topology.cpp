@@ -49,8 +49,13 @@ topology topology::discover(const discovery_options& options) {
   // What tierflow bench measured here replaces firmware values (a cache never fails discovery,
   // but a bad TIERFLOW_CACHE_DIR is an input error like any other env var).
   if (options.use_measured_cache && (describes_live_machine || options.measured_cache_dir)) {
-    detail::apply_measured_cache(facts, options.measured_cache_dir ? *options.measured_cache_dir
-                                                                   : measured_cache_dir());
+    const auto dir = options.measured_cache_dir ? options.measured_cache_dir
+                                                : detail::default_measured_cache_dir();
+    if (dir) {
+      detail::apply_measured_cache(facts, *dir);
+    } else {
+      detail::log(log_level::debug, "topology: no cache folder (no HOME): no measured values");
+    }
   }
   auto topo = topology_builder::build(std::move(facts), options);
   detail::log(log_level::debug, "topology: " + std::to_string(topo.nodes().size()) + " node(s), " +

@@ -346,6 +346,11 @@ TEST_CASE("bench --list names every case; --case selects by name or prefix", "[c
     const bool expected = name.rfind("h2d_", 0) == 0 || name == "adam_cpu";
     CHECK((some.out.find(name + " ") != std::string::npos) == expected);
   }
+  // A case's own name is that case alone, though it begins another's.
+  const auto one = run_cli({"bench", "--list", "--case", "h2d_pinned"});
+  REQUIRE(one.exit_code == 0);
+  CHECK_THAT(one.out, Catch::Contains("h2d_pinned "));
+  CHECK_THAT(one.out, !Catch::Contains("h2d_pinned_chunks"));
 }
 
 TEST_CASE("bench --json: the initiator x target matrix, its units and byte counts, Adam, cache",
@@ -450,8 +455,9 @@ TEST_CASE(
     "sweep rises with chunk size on a latency-bound link",
     "[cli][bench]") {
   const auto r = run_cli(
-      {"bench", "--case", "h2d_pinned,d2h_pinned,h2d_pageable,bidir", "--device", "emulated",
-       "--link-mib", "4", "--chunk-kib", "64,256,1024", "--samples", "2", "--json"},
+      {"bench", "--case",
+       "h2d_pinned,d2h_pinned,h2d_pageable,bidir,h2d_pinned_chunks,d2h_pinned_chunks", "--device",
+       "emulated", "--link-mib", "4", "--chunk-kib", "64,256,1024", "--samples", "2", "--json"},
       "TIERFLOW_EMU_LINK=h2d=4GB/s,d2h=4GB/s,latency=300us");
   INFO("stderr: " << r.err);
   REQUIRE(r.exit_code == 0);

@@ -154,3 +154,45 @@ TEST_CASE("saving refuses bad values and unknown nodes, and TIERFLOW_CACHE_DIR i
     CHECK(measured_cache_dir() == dir.path() / "");
   }
 }
+
+TEST_CASE("saving merges with this machine's cache: a run of one case keeps the others' values",
+          "[topology][measured]") {
+  auto gen = test::rng(9202);
+  std::uniform_real_distribution<double> bw(1000.0, 400000.0);
+  test::scratch_dir dir;
+  const auto topo = live(dir.path(), false);
+  const auto node = topo.nodes().front().id;
+  const double read = bw(gen), write = bw(gen), latency = bw(gen) / 1000.0;
+  save_measured_access(topo, {{node, node, read, write, {}}}, dir.path());
+  save_measured_access(topo, {{node, node, {}, {}, latency}}, dir.path());
+  const auto perf = live(dir.path()).access(node, node);
+  CHECK(perf.read_bandwidth.value == read);  // 17 digits: the exact double comes back
+  CHECK(perf.write_bandwidth.value == write);
+  CHECK(perf.read_latency.value == latency);
+  CHECK(perf.read_latency.source == attr_source::measured);
+  const double again = bw(gen);
+  save_measured_access(topo, {{node, node, again, {}, {}}}, dir.path());
+  const auto after = live(dir.path()).access(node, node);
+  CHECK(after.read_bandwidth.value == again);
+  CHECK(after.write_bandwidth.value == write);
+  // A malformed file is replaced, not merged.
+  test::write_file(measured_cache_file(topo, dir.path()), "garbage\n");
+  save_measured_access(topo, {{node, node, {}, {}, latency}}, dir.path());
+  const auto fresh = live(dir.path()).access(node, node);
+  CHECK(fresh.read_latency.value == latency);
+  CHECK(fresh.read_bandwidth.source != attr_source::measured);
+}
+
+TEST_CASE("no cache folder at all (no HOME) is no measured values, not a failed discovery",
+          "[topology][measured]") {
+  test::scoped_env a("TIERFLOW_CACHE_DIR", nullptr);
+  test::scoped_env b("XDG_CACHE_HOME", "relative/xdg");  // ignored, as the XDG spec says
+  test::scoped_env c("HOME", nullptr);
+  discovery_options o;
+  o.use_cuda = false;
+  const auto topo = topology::discover(o);
+  CHECK_FALSE(topo.nodes().empty());
+  CHECK_THROWS_WITH(measured_cache_dir(), Catch::Contains("no cache folder"));
+  test::scoped_env d("HOME", "/home/someone");
+  CHECK(measured_cache_dir() == std::filesystem::path("/home/someone/.cache/tierflow"));
+}

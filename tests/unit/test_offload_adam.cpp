@@ -630,6 +630,44 @@ TEST_CASE("auto mode chooses from the rates and says why", "[adam]") {
   CHECK_THAT(opt.metrics().to_json(), Catch::Contains("\"mode\":\"streamed\""));
 }
 
+TEST_CASE("auto mode takes the host memory rate tierflow bench measured", "[adam][measured]") {
+  auto gen = test::rng(715);
+  test::scratch_dir cache;
+  discovery_options d;
+  d.use_cuda = false;
+  d.measured_cache_dir = cache.path();
+  const topology plain = topology::discover(d);
+  auto dev = adam_device();
+  model mdl(*dev);
+  mdl.add(0, "w", param_dtype::f32, normal_values(1000, 1.0f, gen));
+  adam_options o;
+  o.mode = adam_mode::automatic;
+  o.h2d_gbps = o.d2h_gbps = 400;
+  const auto run = [&](double read_gbps, double write_gbps) {
+    std::vector<measured_access> values;
+    for (const auto& n : plain.nodes()) {
+      values.push_back({plain.initiator(), n.id, read_gbps * 1000.0, write_gbps * 1000.0, {}});
+    }
+    save_measured_access(plain, values, cache.path());
+    const topology topo = topology::discover(d);
+    auto policy = host_placement(topo);
+    offload_adam opt(*dev, mdl.describe(), o, policy);
+    return std::pair{opt.mode(), opt.mode_reason()};
+  };
+  std::uniform_real_distribution<double> slow(0.5, 2.0);
+  const double read = slow(gen), write = slow(gen);
+  const auto [mode, why] = run(read, write);
+  INFO(why);
+  CHECK(mode == adam_mode::streamed);  // a slow host against a 400 GB/s link
+  CHECK_THAT(why, Catch::Contains("measured by tierflow bench"));
+  std::ostringstream rate;
+  rate.precision(3);
+  rate << 28.0 / (16.0 / read + 12.0 / write) << " GB/s";
+  CHECK_THAT(why, Catch::Contains(rate.str()));
+  o.h2d_gbps = o.d2h_gbps = 1;
+  CHECK(run(1000.0, 1000.0).first == adam_mode::cpu);  // and a fast one against a slow link
+}
+
 namespace {
 
 std::vector<float> floats_of(const nlohmann::json& bits_list) {
