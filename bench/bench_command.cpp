@@ -31,6 +31,7 @@ struct bench_options {
   bool csv_output = false;
   std::string html;
   bool no_cache = false;
+  bool no_huge_pages = false;
   std::size_t buffer_mib = 0;
   std::size_t link_mib = 256;
   std::size_t llc_mib = 0;
@@ -383,6 +384,7 @@ int run(bench_options& o) {
   o.config.buffer_bytes = o.buffer_mib << 20;
   o.config.link_bytes = o.link_mib << 20;
   o.config.llc_bytes = o.llc_mib << 20;
+  o.config.huge_pages = !o.no_huge_pages;
   for (const auto kib : o.chunk_kib) {
     if ((kib << 10) > o.config.link_bytes) {
       throw input_error("--chunk-kib",
@@ -484,6 +486,9 @@ action add_bench_command(CLI::App& app) {
   cmd->add_option("--html", o->html, "Also write a self-contained HTML report to this file");
   cmd->add_option("--from-json", o->from_json,
                   "Measure nothing: show (or --html/--csv) a report saved with --json");
+  cmd->add_flag("--no-huge-pages", o->no_huge_pages,
+                "Refuse transparent huge pages for the node and Adam buffers (4 KiB pages, as "
+                "most programs get)");
   cmd->add_flag("--no-cache", o->no_cache,
                 "Do not store the measured values for placement and tuning (~/.cache/tierflow)");
   return [o] { return run(*o); };

@@ -8,9 +8,11 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -206,11 +208,17 @@ bool fits(const numa_node& node, std::size_t need) {
   return !node.free_bytes || *node.free_bytes > need + (std::size_t{64} << 20);
 }
 
-// A mapping of @p bytes bound to @p node (huge pages asked for), freed on destruction.
+// A mapping of @p bytes bound to @p node, freed on destruction. With @p huge, transparent huge
+// pages are asked for; without, they are refused (MADV_NOHUGEPAGE), as most programs' memory
+// is when THP is in `madvise` mode.
 class node_buffer {
  public:
-  node_buffer(int node, std::size_t bytes) : resource_(options(node)), bytes_(bytes) {
+  node_buffer(int node, std::size_t bytes, bool huge)
+      : resource_(options(node, huge)), bytes_(bytes) {
     data_ = resource_.allocate(bytes, 64);
+    if (!huge) {
+      ::madvise(data_, bytes_, MADV_NOHUGEPAGE);  // advisory, as huge pages are
+    }
   }
   ~node_buffer() { resource_.deallocate(data_, bytes_, 64); }
   node_buffer(const node_buffer&) = delete;
@@ -219,12 +227,38 @@ class node_buffer {
   T* as() const {
     return static_cast<T*>(data_);
   }
+  /// The share of the buffer backed by huge pages now (/proc/self/smaps AnonHugePages of the
+  /// mappings it spans); -1 when smaps cannot be read.
+  [[nodiscard]] double huge_page_fraction() const {
+    std::ifstream in("/proc/self/smaps");
+    if (!in) {
+      return -1;
+    }
+    const auto begin = reinterpret_cast<std::uintptr_t>(data_);
+    const auto end = begin + bytes_;
+    std::string line;
+    bool inside = false;
+    std::uint64_t huge_kib = 0;
+    while (std::getline(in, line)) {
+      unsigned long lo = 0, hi = 0;
+      char dash = 0;
+      std::istringstream head(line);
+      if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+        inside = lo < end && hi > begin;  // a mapping header line: "lo-hi perms ..."
+        continue;
+      }
+      if (inside && line.rfind("AnonHugePages:", 0) == 0) {
+        huge_kib += std::stoull(line.substr(14));
+      }
+    }
+    return std::min(1.0, static_cast<double>(huge_kib) * 1024.0 / static_cast<double>(bytes_));
+  }
 
  private:
-  static numa_resource_options options(int node) {
+  static numa_resource_options options(int node, bool huge) {
     numa_resource_options o;
     o.nodes = {numa_node_id{node}};
-    o.huge_pages = true;
+    o.huge_pages = huge;
     return o;
   }
   numa_resource resource_;
@@ -337,7 +371,8 @@ void run_node_bandwidth(context& ctx, const numa_node& from, const numa_node& to
   const std::size_t n = bytes / sizeof(double) / 16 * 16;
   std::vector<std::unique_ptr<node_buffer>> buffers;
   for (int k = 0; k < arrays; ++k) {
-    buffers.push_back(std::make_unique<node_buffer>(to.id.value, n * sizeof(double)));
+    buffers.push_back(
+        std::make_unique<node_buffer>(to.id.value, n * sizeof(double), ctx.config.huge_pages));
   }
   double* a = buffers[0]->as<double>();
   double* b = arrays > 1 ? buffers[1]->as<double>() : nullptr;
@@ -383,6 +418,7 @@ void run_node_bandwidth(context& ctx, const numa_node& from, const numa_node& to
       tc["initiator"] = from.id.value;
       tc["target"] = to.id.value;
       tc["isa"] = std::string(stream_isa());
+      tc["huge_page_fraction"] = buffers[0]->huge_page_fraction();
       tc["verified"] = verify_op(op, a, b, n, sum);
       const auto& firmware = op == stream_op::read ? hmat.read_bandwidth : hmat.write_bandwidth;
       if (firmware.known() && op != stream_op::copy && op != stream_op::triad) {
@@ -410,7 +446,7 @@ std::string thp_mode() {
 void run_latency(context& ctx, const numa_node& from, const numa_node& to, std::size_t bytes) {
   constexpr std::size_t line = 64;
   const std::size_t lines = bytes / line;
-  node_buffer buffer(to.id.value, lines * line);
+  node_buffer buffer(to.id.value, lines * line, ctx.config.huge_pages);
   auto* base = buffer.as<unsigned char>();
   std::vector<std::uint32_t> order(lines);
   for (std::size_t i = 0; i < lines; ++i) {
@@ -453,7 +489,8 @@ void run_latency(context& ctx, const numa_node& from, const numa_node& to, std::
   tc["initiator"] = from.id.value;
   tc["target"] = to.id.value;
   tc["loads"] = loads;
-  tc["huge_pages"] = thp_mode() == "always" || thp_mode() == "madvise";
+  tc["huge_pages"] = ctx.config.huge_pages;
+  tc["huge_page_fraction"] = buffer.huge_page_fraction();
   tc["verified"] = steps == lines;
   const auto hmat = ctx.topo.access(from.id, to.id).read_latency;
   if (hmat.known()) {
@@ -694,8 +731,9 @@ void run_adam(context& ctx, const numa_node& from, const numa_node& to, std::siz
     return;
   }
   const std::size_t n = bytes / sizeof(float) / 64 * 64;
-  node_buffer bp(to.id.value, n * 4), bg(to.id.value, n * 4), bm(to.id.value, n * 4),
-      bv(to.id.value, n * 4);
+  const bool huge = ctx.config.huge_pages;
+  node_buffer bp(to.id.value, n * 4, huge), bg(to.id.value, n * 4, huge),
+      bm(to.id.value, n * 4, huge), bv(to.id.value, n * 4, huge);
   float* p = bp.as<float>();
   float* g = bg.as<float>();
   float* m = bm.as<float>();
@@ -936,6 +974,7 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
                 {"latency_buffer_bytes", latency_bytes},
                 {"link_bytes", config.link_bytes},
                 {"device", config.device},
+                {"huge_pages", config.huge_pages},
                 {"llc_bytes_from", config.llc_bytes ? "--llc-mib" : "sysfs (cpu0 caches)"}};
   if (bytes < 4 * llc) {
     settings["note"] = "buffers are below 4 x the last-level cache: cache bandwidth is measured";

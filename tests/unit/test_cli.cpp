@@ -372,6 +372,7 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
   }
   CHECK(doc.at("units").at("bandwidth") == "GB/s (10^9 B/s)");
   CHECK(doc.at("machine").at("llc_bytes") == 1u << 20);
+  CHECK(doc.at("settings").at("huge_pages") == true);
   const auto nodes = doc.at("machine").at("nodes").size();
   REQUIRE(nodes >= 1);
   // One testcase per op x initiator x target x thread count, each counting its streams.
@@ -393,6 +394,8 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
     if (streams.count(name) == 1) {
       CHECK(tc.at("unit") == "GB/s");
       CHECK(tc.at("array_bytes") == 8u << 20);
+      const double huge = tc.at("huge_page_fraction").get<double>();
+      CHECK((huge == -1.0 || (huge >= 0.0 && huge <= 1.0)));
       CHECK(tc.at("bytes") == streams.at(name) * (8ull << 20));
       cells[name].insert(
           {tc.at("initiator").get<int>(), tc.at("target").get<int>(), tc.at("threads").get<int>()});
@@ -438,10 +441,15 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
   // --no-cache keeps nothing; buffers inside the cache are measured but never kept.
   tierflow::test::scratch_dir other;
   const std::string other_env = "TIERFLOW_CACHE_DIR=" + other.path().string();
-  REQUIRE(run_cli({"bench", "--case", "node_read", "--buffer-mib", "8", "--llc-mib", "1",
-                   "--samples", "1", "--no-cache"},
-                  other_env)
-              .exit_code == 0);
+  const auto uncached = run_cli({"bench", "--case", "node_read", "--buffer-mib", "8", "--llc-mib",
+                                 "1", "--samples", "1", "--no-cache", "--no-huge-pages", "--json"},
+                                other_env);
+  REQUIRE(uncached.exit_code == 0);
+  const auto small_pages = json::parse(uncached.out);
+  CHECK(small_pages.at("settings").at("huge_pages") == false);
+  for (const auto& tc : small_pages.at("testcases")) {
+    CHECK(tc.at("huge_page_fraction").get<double>() <= 0.0);  // refused: none, or unreadable
+  }
   const auto small = run_cli(
       {"bench", "--case", "node_read", "--buffer-mib", "1", "--llc-mib", "1", "--samples", "1"},
       other_env);
