@@ -196,3 +196,52 @@ TEST_CASE("no cache folder at all (no HOME) is no measured values, not a failed 
   test::scoped_env d("HOME", "/home/someone");
   CHECK(measured_cache_dir() == std::filesystem::path("/home/someone/.cache/tierflow"));
 }
+
+TEST_CASE("measured values never split a tier: twin expanders stay one tier however they measure",
+          "[topology][measured]") {
+  // two_socket_cxl, with node 3 made node 2's twin as node 0 sees it: same distance, same
+  // memory tier, the same HMAT values for initiator node 0.
+  test::fixture_copy tree("two_socket_cxl");
+  const std::string node = "sys/devices/system/node/";
+  test::write_file(tree.at(node + "node0/distance"), "10 21 14 14\n");
+  test::write_file(tree.at(node + "node3/distance"), "14 24 26 10\n");
+  for (const char* access : {"access0", "access1"}) {
+    const auto dir = tree.at(node + "node3/" + access + "/initiators");
+    if (std::filesystem::exists(dir)) {
+      std::filesystem::remove(dir / "node1");
+      std::filesystem::create_directory_symlink("../../../node0", dir / "node0");
+      for (const char* attr :
+           {"read_bandwidth", "write_bandwidth", "read_latency", "write_latency"}) {
+        std::filesystem::copy_file(tree.at(node + "node2/" + access + "/initiators/" + attr),
+                                   dir / attr, std::filesystem::copy_options::overwrite_existing);
+      }
+    }
+  }
+  test::scoped_env no_override("TIERFLOW_TIERS", nullptr);
+  test::scratch_dir cache;
+  discovery_options o;
+  o.sysfs_root = tree.root();
+  o.use_cuda = false;
+  o.measured_cache_dir = cache.path();
+  const auto before = topology::discover(o);
+  const auto* cxl = before.find_tier("cxl0");
+  REQUIRE(cxl != nullptr);
+  REQUIRE(cxl->nodes == std::vector<numa_node_id>{numa_node_id{2}, numa_node_id{3}});
+
+  auto gen = test::rng(9203);
+  std::uniform_real_distribution<double> bw(20000.0, 40000.0);
+  const double a = bw(gen), b = a * 1.0001;  // a measurement's last digits
+  save_measured_access(before,
+                       {{numa_node_id{0}, numa_node_id{2}, a, {}, 250.0},
+                        {numa_node_id{0}, numa_node_id{3}, b, {}, 251.0}},
+                       cache.path());
+  const auto after = topology::discover(o);
+  CHECK(after.access(numa_node_id{0}, numa_node_id{3}).read_bandwidth.value == b);
+  CHECK(after.access(numa_node_id{0}, numa_node_id{3}).read_bandwidth.source ==
+        attr_source::measured);
+  const auto* twin = after.find_tier("cxl0");
+  REQUIRE(twin != nullptr);
+  CHECK(twin->nodes == cxl->nodes);
+  CHECK(after.find_tier("cxl1") == nullptr);
+  CHECK(twin->perf.read_bandwidth.value == std::min(a, b));  // the worst member
+}
