@@ -75,7 +75,7 @@ void print_matrices(const json& testcases) {
     std::set<int> targets;
     std::map<std::pair<int, int>, std::vector<const json*>> by_pair;
     for (const auto& tc : testcases) {
-      if (tc["name"] != name || tc["status"] != "ok") {
+      if (tc["name"] != name || tc["group"] != "node_bandwidth" || tc["status"] != "ok") {
         continue;
       }
       const std::pair<int, int> key{tc["initiator"].get<int>(), tc["target"].get<int>()};
@@ -235,6 +235,10 @@ void print_csv(const json& report) {
 // last-level cache, latency over at least 8 x.
 std::vector<measured_access> measured_values(const json& report) {
   const auto llc = report["machine"]["llc_bytes"].get<std::uint64_t>();
+  std::map<int, int> cpus;  // per node: a bandwidth is the node's only from all of its CPUs
+  for (const auto& n : report["machine"]["nodes"]) {
+    cpus[n["id"].get<int>()] = n["cpus"].get<int>();
+  }
   std::map<std::pair<int, int>, measured_access> values;
   std::map<std::pair<int, int>, int> read_threads, write_threads;
   for (const auto& tc : report["testcases"]) {
@@ -252,6 +256,9 @@ std::vector<measured_access> measured_values(const json& report) {
     m.target = numa_node_id{key.second};
     const double median = tc["median"].get<double>();
     const int threads = tc.value("threads", 1);
+    if (!latency && threads < cpus[key.first]) {
+      continue;  // --threads below the CPU count: not what placement should plan with
+    }
     if (tc["name"] == "node_read" && threads >= read_threads[key]) {
       read_threads[key] = threads;
       m.read_bandwidth_mbps = median * 1000.0;
@@ -297,7 +304,7 @@ json measure(bench_options& o) {
     if (values.empty()) {
       report["cache_note"] =
           "nothing cached: no verified node case over buffers of at least 4 x the last-level "
-          "cache (8 x for latency)";
+          "cache (8 x for latency), with bandwidth from all of the initiator's CPUs";
     } else {
       try {
         report["cache"] = save_measured_access(topo, values).string();
@@ -339,6 +346,12 @@ json load_report(const std::string& path) {
            report["settings"].value("buffer_bytes", json()).is_number_unsigned(),
        "no \"settings\" object with \"samples\" and \"buffer_bytes\"");
   need(report.contains("testcases") && report["testcases"].is_array(), "no \"testcases\" array");
+  need(!report["settings"].contains("note") || report["settings"]["note"].is_string(),
+       "\"settings.note\" is not text");
+  // What the measuring run did with its results is not this run's doing.
+  for (const char* key : {"cache", "cache_note", "html"}) {
+    report.erase(key);
+  }
   std::size_t k = 0;
   for (const auto& tc : report["testcases"]) {
     const std::string where = "testcases[" + std::to_string(k++) + "]";
@@ -346,6 +359,9 @@ json load_report(const std::string& path) {
              tc["group"].is_string() && tc.contains("status") &&
              (tc["status"] == "ok" || tc["status"] == "waived"),
          where + " needs \"name\", \"group\" and \"status\" (ok or waived)");
+    need(!tc.contains("verified") || tc["verified"].is_boolean(),
+         where + " \"verified\" is not true or false");
+    need(!tc.contains("reason") || tc["reason"].is_string(), where + " \"reason\" is not text");
     if (tc["status"] == "ok") {
       for (const char* key : {"median", "min", "max"}) {
         need(tc.contains(key) && tc[key].is_number(), where + " has no number \"" + key + '"');
@@ -357,8 +373,6 @@ json load_report(const std::string& path) {
                     : !tc.contains(key) || tc[key].is_number_integer(),
              where + " \"" + key + "\" is " + (matrix ? "missing or " : "") + "not an integer");
       }
-      need(!tc.contains("verified") || tc["verified"].is_boolean(),
-           where + " \"verified\" is not true or false");
       need(!tc.contains("chunk_bytes") || tc["chunk_bytes"].is_number_unsigned(),
            where + " \"chunk_bytes\" is not a byte count");
     }

@@ -103,24 +103,19 @@ class pinned_team {
  public:
   pinned_team(const std::vector<int>& cpus, unsigned count)
       : start_(count + 1), end_(count + 1), begins_(count), ends_(count) {
-    for (unsigned t = 0; t < count; ++t) {
-      const int cpu = cpus[t % cpus.size()];
-      threads_.emplace_back([this, t, cpu] {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        ::sched_setaffinity(0, sizeof set, &set);  // best effort: a cgroup may forbid it
-        for (;;) {
-          start_.arrive_and_wait();
-          if (stop_) {
-            return;
-          }
-          begins_[t] = clock_type::now();
-          job_(t);
-          ends_[t] = clock_type::now();
-          end_.arrive_and_wait();
-        }
-      });
+    try {
+      start(cpus, count);
+    } catch (...) {  // e.g. EAGAIN: the threads that started leave, then the error goes on
+      for (auto k = threads_.size(); k < count; ++k) {
+        start_.arrive_and_drop();  // the missing ones no longer count
+        end_.arrive_and_drop();
+      }
+      stop_ = true;
+      start_.arrive_and_wait();
+      for (auto& th : threads_) {
+        th.join();
+      }
+      throw;
     }
   }
   ~pinned_team() {
@@ -147,6 +142,28 @@ class pinned_team {
   }
 
  private:
+  void start(const std::vector<int>& cpus, unsigned count) {
+    for (unsigned t = 0; t < count; ++t) {
+      const int cpu = cpus[t % cpus.size()];
+      threads_.emplace_back([this, t, cpu] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        ::sched_setaffinity(0, sizeof set, &set);  // best effort: a cgroup may forbid it
+        for (;;) {
+          start_.arrive_and_wait();
+          if (stop_) {
+            return;
+          }
+          begins_[t] = clock_type::now();
+          job_(t);
+          ends_[t] = clock_type::now();
+          end_.arrive_and_wait();
+        }
+      });
+    }
+  }
+
   std::barrier<> start_;
   std::barrier<> end_;
   std::function<void(unsigned)> job_;
@@ -237,21 +254,27 @@ class node_buffer {
     const auto begin = reinterpret_cast<std::uintptr_t>(data_);
     const auto end = begin + bytes_;
     std::string line;
-    bool inside = false;
-    std::uint64_t huge_kib = 0;
+    double share = 0;  // of the current mapping that overlaps the buffer
+    double huge_bytes = 0;
     while (std::getline(in, line)) {
       unsigned long lo = 0, hi = 0;
       char dash = 0;
       std::istringstream head(line);
       if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
-        inside = lo < end && hi > begin;  // a mapping header line: "lo-hi perms ..."
+        // A mapping header line ("lo-hi perms ..."). Neighbouring buffers may share one
+        // mapping: count its huge pages in proportion to the overlap.
+        const auto overlap =
+            std::min<std::uintptr_t>(hi, end) - std::max<std::uintptr_t>(lo, begin);
+        share = lo < end && hi > begin && hi > lo
+                    ? static_cast<double>(overlap) / static_cast<double>(hi - lo)
+                    : 0.0;
         continue;
       }
-      if (inside && line.rfind("AnonHugePages:", 0) == 0) {
-        huge_kib += std::stoull(line.substr(14));
+      if (share > 0 && line.rfind("AnonHugePages:", 0) == 0) {
+        huge_bytes += share * 1024.0 * static_cast<double>(std::stoull(line.substr(14)));
       }
     }
-    return std::min(1.0, static_cast<double>(huge_kib) * 1024.0 / static_cast<double>(bytes_));
+    return std::min(1.0, huge_bytes / static_cast<double>(bytes_));
   }
 
  private:
@@ -274,7 +297,9 @@ struct context {
   std::size_t done = 0;
   std::size_t planned = 0;
   json testcases = json::array();
-  json device = nullptr;  // what the link cases ran on
+  json device = nullptr;                    // what the link cases ran on
+  std::unique_ptr<tierflow::device> dev{};  // opened before anything is measured
+  std::string no_device{};                  // why there is none
   void step(const std::string& label) {
     ++done;
     if (progress) {
@@ -448,9 +473,9 @@ void run_latency(context& ctx, const numa_node& from, const numa_node& to, std::
   const std::size_t lines = bytes / line;
   node_buffer buffer(to.id.value, lines * line, ctx.config.huge_pages);
   auto* base = buffer.as<unsigned char>();
-  std::vector<std::uint32_t> order(lines);
+  std::vector<std::size_t> order(lines);
   for (std::size_t i = 0; i < lines; ++i) {
-    order[i] = static_cast<std::uint32_t>(i);
+    order[i] = i;
   }
   std::mt19937_64 gen(std::random_device{}());
   for (std::size_t i = lines - 1; i > 0; --i) {  // Sattolo: one cycle through every line
@@ -502,6 +527,22 @@ void run_latency(context& ctx, const numa_node& from, const numa_node& to, std::
 }
 
 // Host <-> device cases from memory on one host node.
+// Bytes from a memory resource, given back on scope exit (a case that throws leaks nothing).
+class held_bytes {
+ public:
+  held_bytes(memory_resource& from, std::size_t bytes)
+      : from_(from), bytes_(bytes), data_(static_cast<unsigned char*>(from.allocate(bytes))) {}
+  ~held_bytes() { from_.deallocate(data_, bytes_); }
+  held_bytes(const held_bytes&) = delete;
+  held_bytes& operator=(const held_bytes&) = delete;
+  [[nodiscard]] unsigned char* get() const { return data_; }
+
+ private:
+  memory_resource& from_;
+  std::size_t bytes_;
+  unsigned char* data_;
+};
+
 class link_bench {
  public:
   link_bench(device& dev, int node, std::size_t bytes)
@@ -515,8 +556,10 @@ class link_bench {
   json copy(const std::string& name, copy_kind kind, bool pinned, int samples) {
     memory_resource& source = pinned ? static_cast<memory_resource&>(registered_) : host_memory_;
     const auto space = pinned ? memory_space::host_pinned : memory_space::host;
-    auto* host = static_cast<unsigned char*>(source.allocate(bytes_));
-    auto* device_buffer = static_cast<unsigned char*>(dev_.memory().allocate(bytes_));
+    const held_bytes host_bytes(source, bytes_);
+    const held_bytes device_bytes(dev_.memory(), bytes_);
+    unsigned char* host = host_bytes.get();
+    unsigned char* device_buffer = device_bytes.get();
     fill(host, kind == copy_kind::h2d ? 0x3c : 0);
     if (kind == copy_kind::d2h) {  // the device holds the pattern
       std::vector<unsigned char> pattern(bytes_);
@@ -533,17 +576,8 @@ class link_bench {
       }
       return static_cast<double>(bytes_) / seconds_since(start) / 1e9;
     });
-    bool verified = true;
-    if (kind == copy_kind::h2d) {  // bring it back into a fresh host buffer and compare
-      std::vector<unsigned char> back(bytes_);
-      engine_.copy(back.data(), memory_space::host, device_buffer, memory_space::device, bytes_)
-          ->synchronize();
-      verified = matches(back.data(), 0x3c);
-    } else {
-      verified = matches(host, 0x3c);
-    }
-    dev_.memory().deallocate(device_buffer, bytes_);
-    source.deallocate(host, bytes_);
+    const bool verified =
+        kind == copy_kind::h2d ? device_holds(device_buffer, 0x3c) : matches(host, 0x3c);
     json tc = describe(testcase(name, "link", "GB/s", values), pinned);
     tc["verified"] = verified;
     return tc;
@@ -551,10 +585,12 @@ class link_bench {
 
   // H2D and D2H at once on the two copy streams; GB/s counts both directions' bytes.
   json bidirectional(int samples) {
-    auto* up = static_cast<unsigned char*>(registered_.allocate(bytes_));
-    auto* down = static_cast<unsigned char*>(registered_.allocate(bytes_));
-    auto* dev_in = static_cast<unsigned char*>(dev_.memory().allocate(bytes_));
-    auto* dev_out = static_cast<unsigned char*>(dev_.memory().allocate(bytes_));
+    const held_bytes up_bytes(registered_, bytes_), down_bytes(registered_, bytes_);
+    const held_bytes in_bytes(dev_.memory(), bytes_), out_bytes(dev_.memory(), bytes_);
+    unsigned char* up = up_bytes.get();
+    unsigned char* down = down_bytes.get();
+    unsigned char* dev_in = in_bytes.get();
+    unsigned char* dev_out = out_bytes.get();
     fill(up, 0x5a);
     engine_.copy(dev_out, memory_space::device, up, memory_space::host_pinned, bytes_)
         ->synchronize();
@@ -568,11 +604,7 @@ class link_bench {
       d2h->synchronize();
       return 2.0 * static_cast<double>(bytes_) / seconds_since(start) / 1e9;
     });
-    const bool verified = matches(down, 0x5a);
-    dev_.memory().deallocate(dev_out, bytes_);
-    dev_.memory().deallocate(dev_in, bytes_);
-    registered_.deallocate(down, bytes_);
-    registered_.deallocate(up, bytes_);
+    const bool verified = matches(down, 0x5a) && device_holds(dev_in, 0x3c);  // both ways
     json tc = describe(testcase("bidir_pinned", "link", "GB/s", values), true);
     tc["bytes"] = 2 * bytes_;
     tc["verified"] = verified;
@@ -581,8 +613,10 @@ class link_bench {
 
   // @p bytes_ moved as back-to-back copies of @p chunk on one copy stream.
   json chunks(const std::string& name, copy_kind kind, std::size_t chunk, int samples) {
-    auto* host = static_cast<unsigned char*>(registered_.allocate(bytes_));
-    auto* device_buffer = static_cast<unsigned char*>(dev_.memory().allocate(bytes_));
+    const held_bytes host_bytes(registered_, bytes_);
+    const held_bytes device_bytes(dev_.memory(), bytes_);
+    unsigned char* host = host_bytes.get();
+    unsigned char* device_buffer = device_bytes.get();
     fill(host, 0x3c);
     if (kind == copy_kind::d2h) {
       engine_.copy(device_buffer, memory_space::device, host, memory_space::host_pinned, bytes_)
@@ -603,17 +637,8 @@ class link_bench {
       s.synchronize();
       return static_cast<double>(bytes_) / seconds_since(start) / 1e9;
     });
-    bool verified = true;
-    if (kind == copy_kind::h2d) {
-      std::vector<unsigned char> back(bytes_);
-      engine_.copy(back.data(), memory_space::host, device_buffer, memory_space::device, bytes_)
-          ->synchronize();
-      verified = matches(back.data(), 0x3c);
-    } else {
-      verified = matches(host, 0x3c);
-    }
-    dev_.memory().deallocate(device_buffer, bytes_);
-    registered_.deallocate(host, bytes_);
+    const bool verified =
+        kind == copy_kind::h2d ? device_holds(device_buffer, 0x3c) : matches(host, 0x3c);
     json tc = describe(testcase(name, "link_sweep", "GB/s", values), true);
     tc["chunk_bytes"] = chunk;
     tc["verified"] = verified;
@@ -632,6 +657,13 @@ class link_bench {
     for (std::size_t i = 0; i < bytes_; ++i) {
       p[i] = seed == 0 ? 0 : static_cast<unsigned char>((i * 131 + seed) % 251);
     }
+  }
+  // Whether device memory at @p device_buffer holds the pattern (read back into a fresh buffer).
+  [[nodiscard]] bool device_holds(unsigned char* device_buffer, unsigned seed) {
+    std::vector<unsigned char> back(bytes_);
+    engine_.copy(back.data(), memory_space::host, device_buffer, memory_space::device, bytes_)
+        ->synchronize();
+    return matches(back.data(), seed);
   }
   [[nodiscard]] bool matches(const unsigned char* p, unsigned seed) const {
     for (std::size_t i = 0; i < bytes_; i += 509) {
@@ -660,6 +692,17 @@ class link_bench {
   pinned_resource registered_;
 };
 
+// The chunk sizes of the sweep: the given ones, else 64 KiB x 4^k up to 64 MiB and the copy.
+std::vector<std::size_t> sweep_sizes(const bench_config& config) {
+  std::vector<std::size_t> sizes = config.chunk_sizes;
+  if (sizes.empty()) {
+    for (std::size_t c = 64 * kib; c <= 64 * mib && c <= config.link_bytes; c *= 4) {
+      sizes.push_back(c);
+    }
+  }
+  return sizes;
+}
+
 void run_links(context& ctx) {
   std::vector<std::string> names;
   for (const auto& c : bench_cases()) {
@@ -670,23 +713,14 @@ void run_links(context& ctx) {
   if (names.empty()) {
     return;
   }
-  std::unique_ptr<device> dev;
-  try {
-    dev = open_device(ctx.config.device);
-  } catch (const input_error&) {
-    throw;
-  } catch (const std::exception& e) {
+  if (!ctx.dev) {
     for (const auto& name : names) {
-      ctx.testcases.push_back(waived(name, std::string("no device: ") + e.what()));
+      ctx.testcases.push_back(waived(name, "no device: " + ctx.no_device));
     }
     return;
   }
-  std::vector<std::size_t> chunk_sizes = ctx.config.chunk_sizes;
-  if (chunk_sizes.empty()) {  // the default sweep stops at the copy size (one chunk beyond)
-    for (std::size_t c = 64 * kib; c <= 64 * mib && c <= ctx.config.link_bytes; c *= 4) {
-      chunk_sizes.push_back(c);
-    }
-  }
+  device& dev = *ctx.dev;
+  const auto chunk_sizes = sweep_sizes(ctx.config);
   for (const auto& node : ctx.topo.nodes()) {
     const std::size_t bytes = ctx.config.link_bytes;
     if (!fits(node, 3 * bytes)) {
@@ -700,23 +734,41 @@ void run_links(context& ctx) {
       continue;
     }
     if (ctx.device.is_null()) {
-      ctx.device = {{"backend", dev->properties().backend}, {"name", dev->properties().name}};
+      ctx.device = {{"backend", dev.properties().backend}, {"name", dev.properties().name}};
     }
-    link_bench lb(*dev, node.id.value, bytes);
+    // A case that fails here (mlock refused, device memory short) is waived with the reason;
+    // the others still run.
+    std::unique_ptr<link_bench> lb;
+    try {
+      lb = std::make_unique<link_bench>(dev, node.id.value, bytes);
+    } catch (const std::exception& e) {
+      for (const auto& name : names) {
+        ctx.testcases.push_back(
+            waived(name, std::string("cannot set up: ") + e.what(), node.id.value));
+      }
+      continue;
+    }
     for (const auto& name : names) {
       const std::string where = " node " + std::to_string(node.id.value);
+      const auto kind = name.starts_with("h2d") ? copy_kind::h2d : copy_kind::d2h;
+      const auto attempt = [&](const std::function<json()>& measure) {
+        try {
+          ctx.testcases.push_back(measure());
+        } catch (const std::exception& e) {
+          ctx.testcases.push_back(waived(name, std::string("failed: ") + e.what(), node.id.value));
+        }
+      };
       if (name == "bidir_pinned") {
-        ctx.testcases.push_back(lb.bidirectional(ctx.config.samples));
+        attempt([&] { return lb->bidirectional(ctx.config.samples); });
         ctx.step(name + where);
       } else if (name.ends_with("_chunks")) {
-        const auto kind = name.starts_with("h2d") ? copy_kind::h2d : copy_kind::d2h;
         for (const auto chunk : chunk_sizes) {
-          ctx.testcases.push_back(lb.chunks(name, kind, chunk, ctx.config.samples));
+          attempt([&] { return lb->chunks(name, kind, chunk, ctx.config.samples); });
           ctx.step(name + where + " " + std::to_string(chunk / kib) + " KiB");
         }
       } else {
-        const auto kind = name.starts_with("h2d") ? copy_kind::h2d : copy_kind::d2h;
-        ctx.testcases.push_back(lb.copy(name, kind, name.ends_with("_pinned"), ctx.config.samples));
+        attempt(
+            [&] { return lb->copy(name, kind, name.ends_with("_pinned"), ctx.config.samples); });
         ctx.step(name + where);
       }
     }
@@ -878,6 +930,21 @@ void check_case_patterns(const std::vector<std::string>& patterns) {
 
 json run_bench(const bench_config& config, const topology& topo, const bench_progress& progress) {
   check_case_patterns(config.cases);
+  context ctx{config, topo, progress};
+  // The device first: a bad --device spec or TIERFLOW_EMU_LINK is an input error now, not
+  // after minutes of node cases.
+  const bool links = std::any_of(bench_cases().begin(), bench_cases().end(), [&](const auto& c) {
+    return (c.group == "link" || c.group == "link_sweep") && case_selected(c.name, config.cases);
+  });
+  if (links) {
+    try {
+      ctx.dev = open_device(config.device);
+    } catch (const input_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      ctx.no_device = e.what();
+    }
+  }
   if (config.samples < 1) {
     throw input_error("--samples", "must be at least 1", std::to_string(config.samples));
   }
@@ -888,7 +955,6 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
   const std::size_t llc = config.llc_bytes ? config.llc_bytes : last_level_cache_bytes();
   const std::size_t bytes = config.buffer_bytes ? config.buffer_bytes : 4 * llc;
   const std::size_t latency_bytes = config.buffer_bytes ? config.buffer_bytes : 8 * llc;
-  context ctx{config, topo, progress};
 
   // Count what will be measured, for the progress bar.
   std::size_t bandwidth_ops = 0;
@@ -906,8 +972,7 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
     if (c.group == "link" && case_selected(c.name, config.cases)) {
       ctx.planned += topo.nodes().size();
     } else if (c.group == "link_sweep" && case_selected(c.name, config.cases)) {
-      ctx.planned +=
-          topo.nodes().size() * (config.chunk_sizes.empty() ? 6 : config.chunk_sizes.size());
+      ctx.planned += topo.nodes().size() * sweep_sizes(config).size();
     } else if (c.group == "adam" && case_selected(c.name, config.cases)) {
       ctx.planned += topo.nodes().size();
     }

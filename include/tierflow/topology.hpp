@@ -158,8 +158,9 @@ struct measured_access {
 
 /**
  * @brief The measured-attribute cache folder: env `TIERFLOW_CACHE_DIR`, else
- * `$XDG_CACHE_HOME/tierflow`, else `$HOME/.cache/tierflow`.
- * @throws input_error when the variable that decides it is set but not an absolute path
+ * `$XDG_CACHE_HOME/tierflow`, else `$HOME/.cache/tierflow` (a relative `XDG_CACHE_HOME` or
+ * `HOME` is ignored, as the XDG spec says).
+ * @throws input_error for a relative `TIERFLOW_CACHE_DIR`, or when no variable names a folder
  */
 [[nodiscard]] std::filesystem::path measured_cache_dir();
 

@@ -118,6 +118,9 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
             [](const auto& a, const auto& b) { return a.id < b.id; });
   topo.nodes_ = std::move(facts.nodes);
   topo.distances_ = std::move(facts.distances);
+  // Grouping reads the firmware's values (see below), the topology keeps the measured ones.
+  const auto firmware_access =
+      facts.firmware_access.empty() ? facts.access : std::move(facts.firmware_access);
   topo.access_ = std::move(facts.access);
   topo.gpus_ = std::move(facts.gpus);
   topo.gpu_status_ = std::move(facts.gpu_status);
@@ -181,13 +184,11 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     const int distance_key = entry >= 0 ? 0 : (distance ? static_cast<int>(*distance) : 1 << 20);
     const int memory_tier_key = entry >= 0 ? -1 : node.memory_tier.value_or(-1);
     // Nodes that the initiator sees with different firmware values are different tiers;
-    // measured values (tierflow bench: noisy, never equal) do not split a tier.
-    const auto perf = topo.access(topo.initiator_, node.id);
-    const auto firmware = [&](const auto& attr) {
-      return entry >= 0 || attr.source == attr_source::measured ? 0.0 : attr.value;
-    };
-    const double bandwidth_key = -firmware(perf.read_bandwidth);
-    const double latency_key = firmware(perf.read_latency);
+    // measured values (tierflow bench: noisy, never equal) neither split nor merge a tier.
+    const auto found = firmware_access.find({topo.initiator_.value, node.id.value});
+    const access_perf perf = found == firmware_access.end() ? access_perf{} : found->second;
+    const double bandwidth_key = entry >= 0 ? 0.0 : -perf.read_bandwidth.value;
+    const double latency_key = entry >= 0 ? 0.0 : perf.read_latency.value;
     groups[{kind_rank(node.kind), distance_key, entry, memory_tier_key, bandwidth_key, latency_key}]
         .push_back(node.id);
   }

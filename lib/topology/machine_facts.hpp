@@ -16,6 +16,9 @@ struct machine_facts {
   std::vector<numa_node> nodes;  // memory nodes by id; kind not yet set
   std::map<std::pair<int, int>, std::uint32_t> distances;
   std::map<std::pair<int, int>, access_perf> access;
+  // The firmware's values where the measured cache replaced some (tiers are grouped on these:
+  // measurements never split or merge a tier); empty when no cache was applied.
+  std::map<std::pair<int, int>, access_perf> firmware_access;
   std::vector<gpu_device> gpus;
   std::string gpu_status;
   std::vector<std::string> sources;

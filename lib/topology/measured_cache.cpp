@@ -217,6 +217,7 @@ void apply_measured_cache(machine_facts& facts, const std::filesystem::path& dir
                                 e.what() + " (run tierflow bench again to rewrite it)");
     return;
   }
+  facts.firmware_access = facts.access;
   for (const auto& m : values) {
     if (facts.find(m.initiator.value) == nullptr || facts.find(m.target.value) == nullptr) {
       continue;

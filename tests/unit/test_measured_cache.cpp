@@ -244,4 +244,20 @@ TEST_CASE("measured values never split a tier: twin expanders stay one tier howe
   CHECK(twin->nodes == cxl->nodes);
   CHECK(after.find_tier("cxl1") == nullptr);
   CHECK(twin->perf.read_bandwidth.value == std::min(a, b));  // the worst member
+
+  // Nor do they merge what the firmware tells apart: node 3 is the slower expander by HMAT,
+  // however alike the two measure.
+  for (const char* access : {"access0", "access1"}) {
+    const auto file = tree.at(node + "node3/" + access + "/initiators/read_bandwidth");
+    if (std::filesystem::exists(file)) {
+      test::write_file(file, "16384\n");
+    }
+  }
+  save_measured_access(before, {{numa_node_id{0}, numa_node_id{3}, a, {}, 250.0}}, cache.path());
+  const auto apart = topology::discover(o);
+  CHECK(apart.access(numa_node_id{0}, numa_node_id{2}).read_bandwidth.value ==
+        apart.access(numa_node_id{0}, numa_node_id{3}).read_bandwidth.value);
+  REQUIRE(apart.find_tier("cxl1") != nullptr);
+  CHECK(apart.find_tier("cxl0")->nodes == std::vector<numa_node_id>{numa_node_id{2}});
+  CHECK(apart.find_tier("cxl1")->nodes == std::vector<numa_node_id>{numa_node_id{3}});
 }
