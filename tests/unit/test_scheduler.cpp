@@ -699,8 +699,13 @@ TEST_CASE("stalls, late prefetches and overlap are measured on the device", "[sc
   };
   // No prefetch: every step waits for its whole transfer.
   const auto serial = run(0, std::chrono::microseconds(300));
-  // (A slow host, e.g. under a sanitizer, may enqueue a step's compute after its copy landed.)
-  CHECK(serial.late_prefetches + 2 >= serial.steps);
+  // (A slow host, e.g. under a sanitizer, may enqueue a step's compute after its copy landed:
+  // ThreadSanitizer once left 2 of 24 on time, and more is possible on a loaded machine.)
+  if (test::under_sanitizer) {
+    CHECK(2 * serial.late_prefetches >= serial.steps);
+  } else {
+    CHECK(serial.late_prefetches + 2 >= serial.steps);
+  }
   CHECK(serial.stall_fraction > 0.5);
   CHECK(serial.overlap_efficiency < 0.95);
   // Compute longer than a transfer and a window of 2: the link hides behind compute.
