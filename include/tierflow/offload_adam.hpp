@@ -113,7 +113,7 @@ struct adam_options {
   double max_grad_norm = 0.0;
   /** Grads are divided by this before anything else (mixed-precision loss scaling); > 0. */
   double loss_scale = 1.0;
-  /** Streamed mode: HBM for staging the state (0: room for `window` + 1 chunks). */
+  /** Streamed mode: HBM for staging the state (0: room for `window` + 2 chunks). */
   std::uint64_t hbm_budget_bytes = 0;
   std::uint64_t window = 2;  ///< streamed mode: chunks prefetched ahead
   /** Measured link and memory rates for `automatic`, GB/s; 0: the device's figure, or a
@@ -148,7 +148,8 @@ struct adam_metrics {
   double update_seconds = 0;    ///< cpu mode: the Adam kernel
   std::uint64_t bytes_d2h = 0;  ///< over every step
   std::uint64_t bytes_h2d = 0;
-  std::uint64_t state_bytes = 0;  ///< master weights + moments in tiers
+  std::uint64_t state_bytes = 0;             ///< master weights + moments in tiers
+  std::uint64_t hbm_staging_peak_bytes = 0;  ///< streamed mode: most HBM its chunks held; cpu: 0
   /** @brief `{"schema_version":1,"adam":{...}}` (keys in the README). */
   [[nodiscard]] std::string to_json() const;
 };

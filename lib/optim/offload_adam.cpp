@@ -823,6 +823,7 @@ adam_metrics offload_adam::metrics() const {
     const scheduler_metrics sm = impl_->scheduler->metrics();
     m.bytes_h2d = sm.bytes_in;
     m.bytes_d2h = sm.bytes_out;
+    m.hbm_staging_peak_bytes = sm.hbm_staging_peak_bytes;
   }
   return m;
 }
@@ -888,6 +889,7 @@ std::string adam_metrics::to_json() const {
   w.key("grad_seconds").value(grad_seconds).key("update_seconds").value(update_seconds);
   w.key("bytes_d2h").value(bytes_d2h).key("bytes_h2d").value(bytes_h2d);
   w.key("state_bytes").value(state_bytes);
+  w.key("hbm_staging_peak_bytes").value(hbm_staging_peak_bytes);
   w.end_object().end_object();
   return w.str();
 }

@@ -485,6 +485,14 @@ TEST_CASE("offload_adam matches the reference bit for bit in cpu and streamed mo
       const auto json = nlohmann::json::parse(m.to_json());
       CHECK(json["adam"]["mode"] == std::string(to_string(mode)));
       CHECK(json["adam"]["steps"] == 6);
+      CHECK(json["adam"]["hbm_staging_peak_bytes"] == m.hbm_staging_peak_bytes);
+      if (mode == adam_mode::cpu) {
+        CHECK(m.hbm_staging_peak_bytes == 0);  // no state in HBM
+      } else {  // some chunks staged, never more than the default budget: window + 2 chunks
+        // of master, m and v (each slot rounded up to 256 B)
+        CHECK(m.hbm_staging_peak_bytes > 0);
+        CHECK(m.hbm_staging_peak_bytes <= (o.window + 2) * 3 * (o.chunk_elements * 4 + 256));
+      }
     }
   }
 }
