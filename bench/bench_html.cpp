@@ -13,45 +13,19 @@
 #include <utility>
 #include <vector>
 
+#include "svg_chart.hpp"
+
 namespace tierflow::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
 
 std::string esc(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (const char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return html_escape(s);
 }
 
 std::string num(double v, int digits = 3) {
-  if (!std::isfinite(v)) {
-    return "-";
-  }
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*g", digits, v);
-  return text;
+  return short_number(v, digits);
 }
 
 std::string field(const json& j, const char* key) {
@@ -89,8 +63,6 @@ std::string heat(double v, double lo, double hi) {
   const int lightness = static_cast<int>(std::lround(92.0 - 55.0 * t));
   return "hsl(210,70%," + std::to_string(lightness) + "%)";
 }
-
-const char* const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
 
 void heat_maps(std::ostringstream& o, const json& testcases) {
   std::vector<std::string> names;
@@ -217,11 +189,12 @@ void latency_bars(std::ostringstream& o, const json& testcases) {
 
 void chunk_sweep(std::ostringstream& o, const json& testcases) {
   // one series per (case, initiator)
-  std::map<std::pair<std::string, int>, std::vector<std::pair<double, double>>> series;
+  std::map<std::pair<std::string, int>, chart_series> series;
   for (const auto& tc : testcases) {
     if (tc.value("group", "") == "link_sweep" && ok(tc) && tc.contains("chunk_bytes")) {
-      series[{tc.value("name", ""), tc.value("initiator", -1)}].emplace_back(
-          value(tc, "chunk_bytes"), value(tc, "median"));
+      auto& s = series[{tc.value("name", ""), tc.value("initiator", -1)}];
+      s.label = tc.value("name", "") + " (node " + std::to_string(tc.value("initiator", -1)) + ")";
+      s.points.emplace_back(value(tc, "chunk_bytes"), value(tc, "median"));
     }
   }
   o << "<h2>Host &#8596; device bandwidth against chunk size</h2>\n";
@@ -229,71 +202,17 @@ void chunk_sweep(std::ostringstream& o, const json& testcases) {
     o << "<p>No chunk-size sweep ran.</p>\n";
     return;
   }
-  double xlo = INFINITY;
-  double xhi = 0;
-  double yhi = 0;
-  for (auto& [key, points] : series) {
-    std::sort(points.begin(), points.end());
-    for (const auto& [x, y] : points) {
-      xlo = std::min(xlo, x);
-      xhi = std::max(xhi, x);
-      yhi = std::max(yhi, y);
-    }
+  std::vector<chart_series> lines;
+  for (auto& [key, s] : series) {
+    lines.push_back(std::move(s));
   }
-  const int left = 70;
-  const int top = 20;
-  const int w = 560;
-  const int h = 280;
-  const auto px = [&](double x) {
-    const double t =
-        xhi > xlo ? (std::log2(x) - std::log2(xlo)) / (std::log2(xhi) - std::log2(xlo)) : 0.5;
-    return left + static_cast<int>(std::lround(t * w));
-  };
-  const auto py = [&](double y) {
-    return top + h - (yhi > 0 ? static_cast<int>(std::lround(h * y / (yhi * 1.1))) : 0);
-  };
-  o << "<svg class=\"sweep\" width=\"" << left + w + 230 << "\" height=\"" << top + h + 50
-    << "\" role=\"img\" aria-label=\"bandwidth against chunk size\">\n<line x1=\"" << left
-    << "\" y1=\"" << top + h << "\" x2=\"" << left + w << "\" y2=\"" << top + h
-    << "\" stroke=\"#000\"/>\n<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left
-    << "\" y2=\"" << top + h << "\" stroke=\"#000\"/>\n";
-  std::set<double> ticks;
-  for (const auto& [key, points] : series) {
-    for (const auto& p : points) {
-      ticks.insert(p.first);
-    }
-  }
-  for (const double x : ticks) {
-    o << "<text x=\"" << px(x) << "\" y=\"" << top + h + 18 << "\" text-anchor=\"middle\">"
-      << size_label(x) << "</text>\n";
-  }
-  for (int k = 0; k <= 4; ++k) {
-    const double y = yhi * 1.1 * k / 4;
-    o << "<text x=\"" << left - 6 << "\" y=\"" << py(y) + 4 << "\" text-anchor=\"end\">" << num(y)
-      << "</text>\n<line x1=\"" << left << "\" x2=\"" << left + w << "\" y1=\"" << py(y)
-      << "\" y2=\"" << py(y) << "\" stroke=\"#ddd\"/>\n";
-  }
-  o << "<text x=\"" << left + w / 2 << "\" y=\"" << top + h + 40
-    << "\" text-anchor=\"middle\">chunk size</text>\n<text x=\"14\" y=\"" << top + h / 2
-    << "\" transform=\"rotate(-90 14 " << top + h / 2 << ")\" text-anchor=\"middle\">GB/s</text>\n";
-  int k = 0;
-  for (const auto& [key, points] : series) {
-    const char* color = palette[k % std::size(palette)];
-    o << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\"";
-    for (const auto& [x, y] : points) {
-      o << px(x) << ',' << py(y) << ' ';
-    }
-    o << "\"/>\n";
-    for (const auto& [x, y] : points) {
-      o << "<circle cx=\"" << px(x) << "\" cy=\"" << py(y) << "\" r=\"3\" fill=\"" << color
-        << "\"><title>" << esc(key.first) << " node " << key.second << ", " << size_label(x) << ": "
-        << num(y, 4) << " GB/s</title></circle>\n";
-    }
-    o << "<text x=\"" << left + w + 14 << "\" y=\"" << top + 14 + 18 * k << "\" fill=\"" << color
-      << "\">" << esc(key.first) << " (node " << key.second << ")</text>\n";
-    ++k;
-  }
-  o << "</svg>\n";
+  chart_axes axes;
+  axes.x_label = "chunk size";
+  axes.y_label = "GB/s";
+  axes.log_x = true;
+  axes.x_tick = size_label;
+  axes.aria_label = "bandwidth against chunk size";
+  o << svg_line_chart(std::move(lines), axes);
 }
 
 void firmware_table(std::ostringstream& o, const json& testcases) {

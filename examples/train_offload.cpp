@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "svg_chart.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
@@ -599,7 +601,7 @@ int run_demo(const demo_options& o) {
   return exit_ok;
 }
 
-// ---- tierflow tune: sweep the prefetch window × the Adam chunk on the demo's model ----------
+// ---- tierflow tune: sweep the prefetch window × the Adam chunk × the Adam mode ------------
 
 struct tune_options {
   demo_options model;
@@ -607,8 +609,10 @@ struct tune_options {
   std::size_t warmup_steps = 5;
   std::string windows = "0,1,2,3,4";
   std::string chunks = "65536,262144,1048576";
+  std::string adam_modes = "cpu,streamed";
   double hbm_budget_mib = 0;  // 0: no limit
   bool as_json = false;
+  std::string html;
 };
 
 std::vector<std::uint64_t> parse_list(const std::string& text, const std::string& flag,
@@ -638,11 +642,92 @@ std::vector<std::uint64_t> parse_list(const std::string& text, const std::string
   return out;
 }
 
+std::vector<std::string> parse_modes(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!parse_adam_mode(item)) {
+      throw input_error("--adam-modes", "expected a comma-separated list of cpu, streamed, auto",
+                        text);
+    }
+    out.push_back(item);
+  }
+  if (out.empty()) {
+    throw input_error("--adam-modes", "the list is empty", text);
+  }
+  return out;
+}
+
+struct tune_point {
+  std::uint64_t window = 0;
+  std::uint64_t chunk = 0;  // bytes
+  std::string mode;         // the mode that ran (auto resolved)
+  double step_s = 0;
+  double stall = 0;
+  std::uint64_t hbm = 0;  // the layers' staging peak + streamed Adam's
+  bool pareto = false;
+};
+
+// The page of `tune --html`: step time and stall against the window, one line per (Adam mode,
+// chunk), then every point with the front and the recommendation marked.
+std::string tune_html(const std::vector<tune_point>& sweep, const tune_point& pick,
+                      const json& workload) {
+  std::map<std::pair<std::string, std::uint64_t>, std::pair<chart_series, chart_series>> lines;
+  for (const auto& p : sweep) {
+    auto& [time, stall] = lines[{p.mode, p.chunk}];
+    time.label = stall.label = p.mode + ", chunk " + std::to_string(p.chunk / 1024) + " KiB";
+    time.points.emplace_back(static_cast<double>(p.window), p.step_s * 1e3);
+    stall.points.emplace_back(static_cast<double>(p.window), 100 * p.stall);
+  }
+  std::vector<chart_series> times;
+  std::vector<chart_series> stalls;
+  for (auto& [key, pair] : lines) {
+    times.push_back(std::move(pair.first));
+    stalls.push_back(std::move(pair.second));
+  }
+  const auto window_tick = [](double w) { return std::to_string(std::lround(w)); };
+  chart_axes time_axes{"prefetch window (layers)", "ms per step", false, window_tick,
+                       "step time against the prefetch window"};
+  chart_axes stall_axes{"prefetch window (layers)", "stall %", false, window_tick,
+                        "stall against the prefetch window"};
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+       "<title>tierflow tune</title>\n<style>\nbody{font:14px/1.4 system-ui,sans-serif;"
+       "margin:24px;color:#222;max-width:1100px}\ntable{border-collapse:collapse}td,th{border:"
+       "1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}\n"
+       "svg text{font:12px system-ui,sans-serif}.pick{font-weight:700;background:#fff6d5}\n"
+       "</style></head><body>\n<h1>tierflow tune</h1>\n<p>Workload: the demo's model, "
+    << workload.value("layers", 0) << " layers &times; " << workload.value("width", 0) << ", batch "
+    << workload.value("batch", 0) << ". Recommended: window " << pick.window << ", Adam chunk "
+    << pick.chunk / 1024 << " KiB, mode " << html_escape(pick.mode) << " ("
+    << short_number(pick.step_s * 1e3, 4) << " ms per step).</p>\n<h2>Step time</h2>\n"
+    << svg_line_chart(std::move(times), time_axes) << "<h2>Stall</h2>\n"
+    << svg_line_chart(std::move(stalls), stall_axes)
+    << "<h2>Every setting</h2>\n<table><tr><th>window</th><th>Adam chunk</th><th>mode</th>"
+       "<th>ms per step</th><th>stall %</th><th>HBM staging MiB</th><th>Pareto</th></tr>\n";
+  for (const auto& p : sweep) {
+    const bool picked = &p == &pick;
+    o << "<tr" << (picked ? " class=\"pick\"" : "") << "><td>" << p.window << "</td><td>"
+      << p.chunk / 1024 << " KiB</td><td>" << html_escape(p.mode) << "</td><td>"
+      << short_number(p.step_s * 1e3, 4) << "</td><td>" << short_number(100 * p.stall, 3)
+      << "</td><td>" << short_number(static_cast<double>(p.hbm) / 1048576.0, 4) << "</td><td>"
+      << (p.pareto ? "*" : "") << "</td></tr>\n";
+  }
+  o << "</table>\n</body></html>\n";
+  return o.str();
+}
+
 int run_tune(const tune_options& t) {
   const auto windows = parse_list(t.windows, "--windows", true);
   const auto chunks = parse_list(t.chunks, "--adam-chunks", false);
+  const auto modes = parse_modes(t.adam_modes);
   if (t.measure_steps == 0) {
     throw input_error("--steps", "must be > 0");
+  }
+  if (!t.html.empty() &&
+      !std::filesystem::is_directory(std::filesystem::absolute(t.html).parent_path())) {
+    throw input_error("--html", "no such directory", t.html);
   }
   demo_options o = t.model;
   o.steps = t.warmup_steps + t.measure_steps;
@@ -652,46 +737,61 @@ int run_tune(const tune_options& t) {
   auto dev = open_demo_device(o, note);
   const topology topo = topology::discover();
   const std::uint64_t budget = static_cast<std::uint64_t>(t.hbm_budget_mib * 1048576.0);
-  struct point {
-    std::uint64_t window = 0;
-    std::uint64_t chunk = 0;
-    double step_s = 0;
-    double stall = 0;
-    std::uint64_t hbm = 0;
-    bool pareto = false;
-  };
-  std::vector<point> sweep;
-  for (std::uint64_t w : windows) {
-    for (std::uint64_t c : chunks) {
-      o.window = w;
-      o.adam_chunk = c;
-      const run_result r = train(o, *dev, topo, false, true);
-      std::vector<double> measured(r.step_seconds.begin() + static_cast<long>(t.warmup_steps),
-                                   r.step_seconds.end());
-      std::sort(measured.begin(), measured.end());
-      point p{w,
-              c * sizeof(float),
-              measured[measured.size() / 2],
-              r.sched.stall_fraction,
-              r.sched.hbm_staging_peak_bytes,
-              false};
-      sweep.push_back(p);
-      if (!t.as_json) {
-        std::fprintf(stderr, "tune: window %llu, adam chunk %llu B: step %.2f ms, stall %.1f %%\n",
-                     static_cast<unsigned long long>(w), static_cast<unsigned long long>(p.chunk),
-                     p.step_s * 1e3, 100 * p.stall);
+  std::vector<tune_point> sweep;
+  json skipped = json::array();  // modes this workload cannot run, with the reason
+  for (const auto& mode : modes) {
+    bool mode_skipped = false;
+    for (std::uint64_t w : windows) {
+      if (mode_skipped) {
+        break;
+      }
+      for (std::uint64_t c : chunks) {
+        o.window = w;
+        o.adam_chunk = c;
+        o.adam_mode = mode;
+        std::optional<run_result> attempt;
+        try {
+          attempt = train(o, *dev, topo, false, true);
+        } catch (const input_error&) {
+          throw;
+        } catch (const error& e) {  // e.g. streamed mode over params that live in host memory
+          if (w != windows.front() || c != chunks.front()) {
+            throw;  // it ran at the first setting: a failure now is not the mode's
+          }
+          skipped.push_back({{"adam_mode", mode}, {"reason", e.what()}});
+          mode_skipped = true;
+          break;
+        }
+        const run_result& r = *attempt;
+        std::vector<double> measured(r.step_seconds.begin() + static_cast<long>(t.warmup_steps),
+                                     r.step_seconds.end());
+        std::sort(measured.begin(), measured.end());
+        tune_point p;
+        p.window = w;
+        p.chunk = c * sizeof(float);
+        p.mode = r.adam ? std::string(to_string(r.adam->mode)) : mode;
+        p.step_s = measured[measured.size() / 2];
+        p.stall = r.sched.stall_fraction;
+        p.hbm = r.sched.hbm_staging_peak_bytes + (r.adam ? r.adam->hbm_staging_peak_bytes : 0);
+        sweep.push_back(p);
+        if (!t.as_json) {
+          std::fprintf(stderr,
+                       "tune: window %llu, adam chunk %llu B, %s: step %.2f ms, stall %.1f %%\n",
+                       static_cast<unsigned long long>(w), static_cast<unsigned long long>(p.chunk),
+                       p.mode.c_str(), p.step_s * 1e3, 100 * p.stall);
+        }
       }
     }
   }
   // Pareto front over (step time, HBM staging bytes): no other point is at least as good in
   // both and better in one.
   for (auto& p : sweep) {
-    p.pareto = std::none_of(sweep.begin(), sweep.end(), [&](const point& q) {
+    p.pareto = std::none_of(sweep.begin(), sweep.end(), [&](const tune_point& q) {
       return q.step_s <= p.step_s && q.hbm <= p.hbm && (q.step_s < p.step_s || q.hbm < p.hbm);
     });
   }
   // The recommendation: the fastest within the budget; within 2 % of it, the least HBM.
-  const point* best = nullptr;
+  const tune_point* best = nullptr;
   for (const auto& p : sweep) {
     if (budget != 0 && p.hbm > budget) {
       continue;
@@ -700,11 +800,22 @@ int run_tune(const tune_options& t) {
       best = &p;
     }
   }
+  if (sweep.empty()) {
+    throw input_error("--adam-modes", "this workload runs none of them",
+                      t.adam_modes + " (" + skipped.front()["reason"].get<std::string>() + ")");
+  }
+  for (const auto& k : skipped) {
+    if (!t.as_json) {
+      std::fprintf(stderr, "tune: adam mode %s skipped: %s\n",
+                   k["adam_mode"].get<std::string>().c_str(),
+                   k["reason"].get<std::string>().c_str());
+    }
+  }
   if (best == nullptr) {
     throw input_error("--hbm-budget", "no setting of the sweep fits in it",
                       std::to_string(t.hbm_budget_mib) + " MiB");
   }
-  const point* pick = best;
+  const tune_point* pick = best;
   for (const auto& p : sweep) {
     if ((budget == 0 || p.hbm <= budget) && p.step_s <= best->step_s * 1.02 && p.hbm < pick->hbm) {
       pick = &p;
@@ -714,39 +825,48 @@ int run_tune(const tune_options& t) {
   for (const auto& p : sweep) {
     rows.push_back({{"window", p.window},
                     {"chunk_bytes", p.chunk},
-                    {"adam_mode", "cpu"},
+                    {"adam_mode", p.mode},
                     {"step_time_s", p.step_s},
                     {"stall_fraction", p.stall},
                     {"hbm_staging_bytes", p.hbm},
                     {"pareto", p.pareto}});
   }
-  const json doc{{"workload", {{"layers", o.layers}, {"width", o.width}, {"batch", o.batch}}},
-                 {"steps_measured", t.measure_steps},
-                 {"hbm_budget_bytes", budget},
-                 {"recommended",
-                  {{"window", pick->window},
-                   {"chunk_bytes", pick->chunk},
-                   {"adam_mode", "cpu"},
-                   {"step_time_s", pick->step_s}}},
-                 {"best_step_time_s", best->step_s},
-                 {"sweep", rows}};
+  const json workload{{"layers", o.layers}, {"width", o.width}, {"batch", o.batch}};
+  json doc{{"workload", workload},
+           {"steps_measured", t.measure_steps},
+           {"hbm_budget_bytes", budget},
+           {"recommended",
+            {{"window", pick->window},
+             {"chunk_bytes", pick->chunk},
+             {"adam_mode", pick->mode},
+             {"step_time_s", pick->step_s}}},
+           {"best_step_time_s", best->step_s},
+           {"sweep", rows},
+           {"skipped", skipped}};
+  if (!t.html.empty()) {
+    write_file(t.html, tune_html(sweep, *pick, workload));
+    doc["html"] = t.html;
+  }
   if (t.as_json) {
     std::printf("%s\n", doc.dump().c_str());
     return exit_ok;
   }
-  std::printf("window  adam chunk  step ms   stall %%  HBM staging  pareto\n");
+  std::printf("window  adam chunk    mode      step ms   stall %%  HBM staging  pareto\n");
   for (const auto& p : sweep) {
-    std::printf("%6llu  %8.1f KiB  %7.2f  %7.1f  %8.2f MiB  %s\n",
+    std::printf("%6llu  %8.1f KiB  %-8s  %7.2f  %7.1f  %8.2f MiB  %s\n",
                 static_cast<unsigned long long>(p.window), static_cast<double>(p.chunk) / 1024,
-                p.step_s * 1e3, 100 * p.stall, static_cast<double>(p.hbm) / 1048576.0,
-                p.pareto ? "*" : "");
+                p.mode.c_str(), p.step_s * 1e3, 100 * p.stall,
+                static_cast<double>(p.hbm) / 1048576.0, p.pareto ? "*" : "");
   }
   std::printf(
-      "recommended: --window %llu --adam-chunk %llu (step %.2f ms, best of the sweep %.2f "
-      "ms)\n",
+      "recommended: --window %llu --adam-chunk %llu --adam-mode %s (step %.2f ms, best of the "
+      "sweep %.2f ms)\n",
       static_cast<unsigned long long>(pick->window),
-      static_cast<unsigned long long>(pick->chunk / sizeof(float)), pick->step_s * 1e3,
-      best->step_s * 1e3);
+      static_cast<unsigned long long>(pick->chunk / sizeof(float)), pick->mode.c_str(),
+      pick->step_s * 1e3, best->step_s * 1e3);
+  if (!t.html.empty()) {
+    std::printf("report: %s\n", t.html.c_str());
+  }
   return exit_ok;
 }
 
@@ -791,7 +911,9 @@ action add_demo_command(CLI::App& app) {
 action add_tune_command(CLI::App& app) {
   auto t = std::make_shared<tune_options>();
   CLI::App* cmd = app.add_subcommand(
-      "tune", "Sweep the prefetch window and the Adam chunk on the demo's model; recommend one");
+      "tune",
+      "Sweep the prefetch window, the Adam chunk and the Adam mode on the demo's model; "
+      "recommend one");
   cmd->add_option("--layers", t->model.layers, "Dense layers")->capture_default_str();
   cmd->add_option("--width", t->model.width, "Units per layer")->capture_default_str();
   cmd->add_option("--batch", t->model.batch, "Samples per step")->capture_default_str();
@@ -802,12 +924,16 @@ action add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--adam-chunks", t->chunks, "Adam chunk sizes to try, in elements")
       ->capture_default_str();
+  cmd->add_option("--adam-modes", t->adam_modes, "Adam modes to try: cpu, streamed, auto")
+      ->capture_default_str();
   cmd->add_option("--hbm-budget", t->hbm_budget_mib,
                   "Recommend only settings whose HBM staging fits, MiB (0: any)")
       ->capture_default_str();
   cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)");
   cmd->add_option("--placement", t->model.placement, "Placement spec");
   cmd->add_flag("--json", t->as_json, "Print one JSON object");
+  cmd->add_option("--html", t->html,
+                  "Also write a page with step time and stall against the window (inline SVG)");
   return [t] {
     t->model.samples = std::max(t->model.samples, t->model.batch);
     return run_tune(*t);

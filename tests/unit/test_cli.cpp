@@ -253,14 +253,41 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
 
 TEST_CASE("tune sweeps window x chunk, marks the Pareto front and recommends within the budget",
           "[cli][demo]") {
-  const auto r = run_cli(
-      {"tune", "--layers", "3", "--width", "64", "--batch", "8", "--steps", "6", "--warmup", "2",
-       "--windows", "0,1,3", "--adam-chunks", "1024,4096", "--hbm-budget", "0.04", "--json"},
-      "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
+  tierflow::test::scratch_dir dir;
+  const auto page = dir.path() / "tune.html";
+  const auto r =
+      run_cli({"tune",   "--layers",      "3",         "--width",      "64",   "--batch",
+               "8",      "--steps",       "6",         "--warmup",     "2",    "--windows",
+               "0,1,3",  "--adam-chunks", "1024,4096", "--hbm-budget", "0.04", "--json",
+               "--html", page.string()},
+              "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
   INFO("stderr: " << r.err << "\nstdout: " << r.out);
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   REQUIRE(j["sweep"].size() == 6);
+  // The default modes are cpu and streamed; the demo's params live in host memory, which
+  // streamed mode cannot update: it is skipped with the reason, the cpu sweep stands.
+  REQUIRE(j["skipped"].size() == 1);
+  CHECK(j["skipped"][0]["adam_mode"] == "streamed");
+  CHECK_THAT(j["skipped"][0]["reason"].get<std::string>(), Catch::Contains("host memory"));
+  for (const auto& p : j["sweep"]) {
+    CHECK(p["adam_mode"] == "cpu");
+  }
+  // The page: step time and stall against the window, a line per (mode, chunk), every row.
+  const auto html = tierflow::test::read_file(page);
+  const auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (auto at = html.find(what); at != std::string::npos; at = html.find(what, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  CHECK(count("<svg") == 2);
+  CHECK(count("<polyline") == 4);
+  CHECK(count("<circle") == 12);
+  CHECK(count("<tr") == 7);
+  CHECK(count("class=\"pick\"") == 1);
+  CHECK(count("http") == 0);
   const auto budget = j["hbm_budget_bytes"].get<std::uint64_t>();
   double best = 1e30;
   for (const auto& p : j["sweep"]) {
@@ -294,6 +321,11 @@ TEST_CASE("tune sweeps window x chunk, marks the Pareto front and recommends wit
   CHECK(rec["window"].get<int>() <= 1);
   check_one_line_error(run_cli({"tune", "--windows", "1,x"}), "--windows");
   check_one_line_error(run_cli({"tune", "--adam-chunks", "0"}), "--adam-chunks");
+  check_one_line_error(run_cli({"tune", "--adam-modes", "cpu,gpu"}), "--adam-modes");
+  check_one_line_error(run_cli({"tune", "--html", "/nonexistent/dir/t.html"}), "--html");
+  check_one_line_error(run_cli({"tune", "--adam-modes", "streamed", "--layers", "2", "--width",
+                                "16", "--batch", "4", "--steps", "1", "--warmup", "0"}),
+                       "runs none of them");
 }
 
 // ---- tierflow bench ----------------------------------------------------------------------
