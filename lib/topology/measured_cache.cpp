@@ -12,6 +12,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "core/crc32c.hpp"
 #include "core/durable_file.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
@@ -44,6 +45,18 @@ std::vector<std::string_view> words(std::string_view line) {
   return out;
 }
 
+// The entry of (initiator, target) in @p values, added (empty) when there is none.
+measured_access& entry_for(std::vector<measured_access>& values, numa_node_id initiator,
+                           numa_node_id target) {
+  const auto it = std::find_if(values.begin(), values.end(), [&](const measured_access& m) {
+    return m.initiator == initiator && m.target == target;
+  });
+  if (it != values.end()) {
+    return *it;
+  }
+  return values.emplace_back(measured_access{initiator, target, {}, {}, {}});
+}
+
 void check_value(const std::optional<double>& v, const char* what) {
   if (v && !(std::isfinite(*v) && *v > 0)) {
     throw input_error(std::string("measured ") + what, "must be finite and > 0",
@@ -70,18 +83,15 @@ std::string measured_cache_key(const std::vector<int>& node_ids) {
 }
 
 std::filesystem::path measured_cache_path(const std::filesystem::path& dir, std::string_view key) {
-  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a: a short, stable file name
-  for (const char c : key) {
-    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  }
+  const std::uint32_t hash = crc32c(key.data(), key.size());  // a short, stable file name
   std::string host(key.substr(0, key.find('|')));
   for (char& c : host) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.')) {
       c = '_';
     }
   }
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(hash));
   return dir / ("measured-" + host + "-" + hex + ".txt");
 }
 
@@ -126,24 +136,14 @@ std::vector<measured_access> parse_measured_cache(std::string_view text, std::st
     if (!value) {
       throw input_error(where, "the value is not a finite number > 0", std::string(w[4]));
     }
-    auto it = std::find_if(out.begin(), out.end(), [&](const measured_access& m) {
-      return m.initiator.value == static_cast<int>(*initiator) &&
-             m.target.value == static_cast<int>(*target);
-    });
-    if (it == out.end()) {
-      out.push_back({numa_node_id{static_cast<int>(*initiator)},
-                     numa_node_id{static_cast<int>(*target)},
-                     {},
-                     {},
-                     {}});
-      it = out.end() - 1;
-    }
+    auto& entry = entry_for(out, numa_node_id{static_cast<int>(*initiator)},
+                            numa_node_id{static_cast<int>(*target)});
     if (w[3] == "read_bandwidth_mbps") {
-      it->read_bandwidth_mbps = value;
+      entry.read_bandwidth_mbps = value;
     } else if (w[3] == "write_bandwidth_mbps") {
-      it->write_bandwidth_mbps = value;
+      entry.write_bandwidth_mbps = value;
     } else if (w[3] == "read_latency_ns") {
-      it->read_latency_ns = value;
+      entry.read_latency_ns = value;
     } else {
       throw input_error(where,
                         "unknown attribute (read_bandwidth_mbps, write_bandwidth_mbps or "
@@ -314,16 +314,10 @@ std::filesystem::path save_measured_access(const topology& topo,
     }
   }
   for (const auto& m : values) {
-    auto it = std::find_if(merged.begin(), merged.end(), [&](const measured_access& old) {
-      return old.initiator == m.initiator && old.target == m.target;
-    });
-    if (it == merged.end()) {
-      merged.push_back(m);
-      continue;
-    }
-    for (auto [mine, theirs] : {std::pair{&it->read_bandwidth_mbps, &m.read_bandwidth_mbps},
-                                std::pair{&it->write_bandwidth_mbps, &m.write_bandwidth_mbps},
-                                std::pair{&it->read_latency_ns, &m.read_latency_ns}}) {
+    auto& entry = detail::entry_for(merged, m.initiator, m.target);
+    for (auto [mine, theirs] : {std::pair{&entry.read_bandwidth_mbps, &m.read_bandwidth_mbps},
+                                std::pair{&entry.write_bandwidth_mbps, &m.write_bandwidth_mbps},
+                                std::pair{&entry.read_latency_ns, &m.read_latency_ns}}) {
       if (*theirs) {
         *mine = *theirs;
       }
