@@ -16,6 +16,7 @@
 #include "bench_run.hpp"
 #include "commands.hpp"
 #include "format.hpp"
+#include "svg_chart.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/topology.hpp"
 
@@ -39,13 +40,9 @@ struct bench_options {
   std::vector<std::size_t> chunk_kib;
 };
 
-std::string number(const json& tc, const char* key, int decimals = 3) {
-  if (!tc.contains(key) || !tc[key].is_number()) {
-    return "-";
-  }
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*g", decimals, tc[key].get<double>());
-  return text;
+std::string number(const json& tc, const char* key, int digits = 3) {
+  return tc.contains(key) && tc[key].is_number() ? short_number(tc[key].get<double>(), digits)
+                                                 : "-";
 }
 
 std::string cell(const json& tc) {
@@ -409,19 +406,11 @@ int run(bench_options& o) {
     o.config.chunk_sizes.push_back(kib << 10);
   }
   if (!o.html.empty()) {  // refuse before measuring, not after
-    const auto parent = std::filesystem::absolute(o.html).parent_path();
-    if (!std::filesystem::is_directory(parent)) {
-      throw input_error("--html", "no such directory: " + parent.string(), o.html);
-    }
+    check_output_folder("--html", o.html);
   }
   json report = o.from_json.empty() ? measure(o) : load_report(o.from_json);
   if (!o.html.empty()) {
-    std::ofstream out(o.html, std::ios::binary | std::ios::trunc);
-    out << render_bench_html(report);
-    out.close();
-    if (!out) {
-      throw error("--html " + o.html + ": cannot write the file");
-    }
+    write_text_file(o.html, render_bench_html(report));
     report["html"] = o.html;
   }
   if (o.json_output) {

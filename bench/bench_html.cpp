@@ -20,14 +20,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-std::string esc(const std::string& s) {
-  return html_escape(s);
-}
-
-std::string num(double v, int digits = 3) {
-  return short_number(v, digits);
-}
-
 std::string field(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key) || j[key].is_null()) {
     return "";
@@ -37,7 +29,7 @@ std::string field(const json& j, const char* key) {
     return v.get<std::string>();
   }
   if (v.is_number_float()) {
-    return num(v.get<double>(), 4);
+    return short_number(v.get<double>(), 4);
   }
   return v.dump();
 }
@@ -48,9 +40,9 @@ double value(const json& j, const char* key, double fallback = NAN) {
 
 std::string size_label(double bytes) {
   if (bytes >= 1024.0 * 1024.0) {
-    return num(bytes / (1024.0 * 1024.0)) + " MiB";
+    return short_number(bytes / (1024.0 * 1024.0)) + " MiB";
   }
-  return num(bytes / 1024.0) + " KiB";
+  return short_number(bytes / 1024.0) + " KiB";
 }
 
 bool ok(const json& tc) {
@@ -106,9 +98,9 @@ void heat_maps(std::ostringstream& o, const json& testcases) {
     const int top = 40;
     const int width = left + cw * static_cast<int>(targets.size()) + 10;
     const int height = top + ch * static_cast<int>(initiators.size()) + 10;
-    o << "<figure><figcaption>" << esc(name) << " (GB/s)</figcaption>\n<svg class=\"heat\" "
+    o << "<figure><figcaption>" << html_escape(name) << " (GB/s)</figcaption>\n<svg class=\"heat\" "
       << "width=\"" << width << "\" height=\"" << height << "\" viewBox=\"0 0 " << width << ' '
-      << height << "\" role=\"img\" aria-label=\"" << esc(name) << " bandwidth matrix\">\n";
+      << height << "\" role=\"img\" aria-label=\"" << html_escape(name) << " bandwidth matrix\">\n";
     int col = 0;
     for (const int t : targets) {
       o << "<text x=\"" << left + col * cw + cw / 2 << "\" y=\"" << top - 12
@@ -131,11 +123,11 @@ void heat_maps(std::ostringstream& o, const json& testcases) {
           const double v = value(*it->second, "median");
           const double t_frac = hi > lo ? (v - lo) / (hi - lo) : 1.0;
           o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << cw - 2 << "\" height=\""
-            << ch - 2 << "\" fill=\"" << heat(v, lo, hi) << "\"><title>" << esc(name) << ' ' << i
-            << "&#8594;" << t << ": " << num(v, 4) << " GB/s, " << field(*it->second, "threads")
-            << " threads</title></rect>\n<text x=\"" << x + cw / 2 << "\" y=\"" << y + ch / 2 + 5
-            << "\" text-anchor=\"middle\" fill=\"" << (t_frac > 0.5 ? "#fff" : "#000") << "\">"
-            << num(v, 4) << "</text>\n";
+            << ch - 2 << "\" fill=\"" << heat(v, lo, hi) << "\"><title>" << html_escape(name) << ' '
+            << i << "&#8594;" << t << ": " << short_number(v, 4) << " GB/s, "
+            << field(*it->second, "threads") << " threads</title></rect>\n<text x=\"" << x + cw / 2
+            << "\" y=\"" << y + ch / 2 + 5 << "\" text-anchor=\"middle\" fill=\""
+            << (t_frac > 0.5 ? "#fff" : "#000") << "\">" << short_number(v, 4) << "</text>\n";
         }
         ++col;
       }
@@ -173,15 +165,15 @@ void latency_bars(std::ostringstream& o, const json& testcases) {
     o << "<text x=\"" << left - 8 << "\" y=\"" << y + 16 << "\" text-anchor=\"end\">"
       << field(tc, "initiator") << " &#8594; " << field(tc, "target") << "</text>\n<rect x=\""
       << left << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << bh - 6
-      << "\" fill=\"#1f77b4\"><title>median " << num(v, 4) << " ns, min " << field(tc, "min")
-      << ", max " << field(tc, "max") << "</title></rect>\n<text x=\"" << left + w + 6 << "\" y=\""
-      << y + 16 << "\">" << num(v, 4) << " ns</text>\n";
+      << "\" fill=\"#1f77b4\"><title>median " << short_number(v, 4) << " ns, min "
+      << field(tc, "min") << ", max " << field(tc, "max") << "</title></rect>\n<text x=\""
+      << left + w + 6 << "\" y=\"" << y + 16 << "\">" << short_number(v, 4) << " ns</text>\n";
     const double firmware = value(tc, "hmat");
     if (std::isfinite(firmware) && hi > 0) {
       const int fx = left + static_cast<int>(std::lround(span * firmware / hi));
       o << "<line x1=\"" << fx << "\" x2=\"" << fx << "\" y1=\"" << y - 2 << "\" y2=\""
-        << y + bh - 4 << "\" stroke=\"#d62728\" stroke-width=\"3\"><title>HMAT " << num(firmware, 4)
-        << " ns</title></line>\n";
+        << y + bh - 4 << "\" stroke=\"#d62728\" stroke-width=\"3\"><title>HMAT "
+        << short_number(firmware, 4) << " ns</title></line>\n";
     }
   }
   o << "</svg>\n<p class=\"legend\">Red tick: the firmware's (HMAT) latency, where reported.</p>\n";
@@ -225,11 +217,11 @@ void firmware_table(std::ostringstream& o, const json& testcases) {
     }
     const double measured = value(tc, "median");
     const double firmware = value(tc, "hmat");
-    rows << "<tr><td>" << esc(field(tc, "name")) << "</td><td>" << field(tc, "initiator")
+    rows << "<tr><td>" << html_escape(field(tc, "name")) << "</td><td>" << field(tc, "initiator")
          << "</td><td>" << field(tc, "target") << "</td><td>" << field(tc, "threads") << "</td><td>"
-         << num(measured, 4) << "</td><td>" << num(firmware, 4) << "</td><td>"
-         << (firmware > 0 ? num(measured / firmware, 3) : "-") << "</td><td>"
-         << esc(field(tc, "unit")) << "</td><td>" << esc(field(tc, "hmat_source"))
+         << short_number(measured, 4) << "</td><td>" << short_number(firmware, 4) << "</td><td>"
+         << (firmware > 0 ? short_number(measured / firmware, 3) : "-") << "</td><td>"
+         << html_escape(field(tc, "unit")) << "</td><td>" << html_escape(field(tc, "hmat_source"))
          << "</td></tr>\n";
     ++count;
   }
@@ -251,18 +243,19 @@ void all_cases(std::ostringstream& o, const json& testcases) {
   std::ostringstream waived;
   for (const auto& tc : testcases) {
     if (!ok(tc)) {
-      waived << "<li><b>" << esc(field(tc, "name")) << "</b>: " << esc(field(tc, "reason"))
-             << "</li>\n";
+      waived << "<li><b>" << html_escape(field(tc, "name"))
+             << "</b>: " << html_escape(field(tc, "reason")) << "</li>\n";
       continue;
     }
     const double chunk = value(tc, "chunk_bytes");
-    o << "<tr><td>" << esc(field(tc, "name")) << "</td><td>" << field(tc, "initiator")
+    o << "<tr><td>" << html_escape(field(tc, "name")) << "</td><td>" << field(tc, "initiator")
       << "</td><td>" << field(tc, "target") << "</td><td>" << field(tc, "threads") << "</td><td>"
       << field(tc, "pinned") << "</td><td>" << (std::isfinite(chunk) ? size_label(chunk) : "")
-      << "</td><td>" << num(value(tc, "median"), 4) << "</td><td>" << num(value(tc, "min"), 4)
-      << "</td><td>" << num(value(tc, "max"), 4) << "</td><td>" << esc(field(tc, "unit"))
-      << "</td><td>" << field(tc, "samples") << "</td><td"
-      << (tc.value("verified", true) ? ">yes" : " class=\"bad\">NO") << "</td></tr>\n";
+      << "</td><td>" << short_number(value(tc, "median"), 4) << "</td><td>"
+      << short_number(value(tc, "min"), 4) << "</td><td>" << short_number(value(tc, "max"), 4)
+      << "</td><td>" << html_escape(field(tc, "unit")) << "</td><td>" << field(tc, "samples")
+      << "</td><td" << (tc.value("verified", true) ? ">yes" : " class=\"bad\">NO")
+      << "</td></tr>\n";
   }
   o << "</table>\n";
   const auto w = waived.str();
@@ -279,26 +272,28 @@ std::string render_bench_html(const json& report) {
   const json& testcases = report.contains("testcases") ? report["testcases"] : json::array();
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>tierflow bench: "
-    << esc(field(machine, "hostname")) << "</title>\n<style>\n"
+    << html_escape(field(machine, "hostname")) << "</title>\n<style>\n"
     << "body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}\n"
     << "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px "
        "8px;text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}\n"
     << "svg text{font:12px system-ui,sans-serif}figure{margin:8px 0 18px}figcaption{font-weight:"
        "600}\n.bad{color:#b00;font-weight:700}.legend{color:#555;font-size:12px}\n"
-    << "</style></head><body>\n<h1>tierflow bench</h1>\n<p>" << esc(field(machine, "hostname"))
-    << " &middot; " << esc(field(machine, "cpu_model")) << " &middot; " << field(machine, "cpus")
-    << " CPUs &middot; kernel " << esc(field(machine, "kernel")) << " &middot; ISA "
-    << esc(field(machine, "isa")) << " &middot; tierflow " << esc(field(report, "tierflow_version"))
-    << " &middot; " << esc(field(report, "date"))
+    << "</style></head><body>\n<h1>tierflow bench</h1>\n<p>"
+    << html_escape(field(machine, "hostname")) << " &middot; "
+    << html_escape(field(machine, "cpu_model")) << " &middot; " << field(machine, "cpus")
+    << " CPUs &middot; kernel " << html_escape(field(machine, "kernel")) << " &middot; ISA "
+    << html_escape(field(machine, "isa")) << " &middot; tierflow "
+    << html_escape(field(report, "tierflow_version")) << " &middot; "
+    << html_escape(field(report, "date"))
     << "</p>\n<p>Bandwidth in GB/s (10<sup>9</sup> B/s), sizes in "
        "MiB (2<sup>20</sup> B), latency in ns. Copy counts bytes read plus bytes written, triad "
        "its three streams (write-allocate traffic not counted).</p>\n";
   if (machine.contains("note")) {
-    o << "<p class=\"legend\">" << esc(field(machine, "note")) << "</p>\n";
+    o << "<p class=\"legend\">" << html_escape(field(machine, "note")) << "</p>\n";
   }
   if (machine.contains("device") && machine["device"].is_object()) {
-    o << "<p>Link cases ran on: " << esc(field(machine["device"], "name")) << " ("
-      << esc(field(machine["device"], "backend")) << ")</p>\n";
+    o << "<p>Link cases ran on: " << html_escape(field(machine["device"], "name")) << " ("
+      << html_escape(field(machine["device"], "backend")) << ")</p>\n";
   }
   heat_maps(o, testcases);
   latency_bars(o, testcases);

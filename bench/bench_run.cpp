@@ -33,6 +33,7 @@ using bench::clock_type;
 using bench::seconds_since;
 using bench::summarize;
 using bench::summary;
+using bench::summary_json;
 
 const std::vector<bench_case>& bench_cases() {
   static const std::vector<bench_case> cases = {
@@ -196,9 +197,9 @@ std::vector<double> sample(int samples, F&& once) {
 
 json testcase(const std::string& name, const std::string& group, const char* unit,
               const std::vector<double>& values) {
-  const summary s = summarize(values);
-  return json{{"name", name},       {"group", group}, {"status", "ok"}, {"unit", unit},
-              {"median", s.median}, {"min", s.min},   {"max", s.max},   {"samples", s.samples}};
+  json tc{{"name", name}, {"group", group}, {"status", "ok"}, {"unit", unit}};
+  tc.update(summary_json(summarize(values)));
+  return tc;
 }
 
 // A case this machine cannot run here, in its group, with where it would have run.
