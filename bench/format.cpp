@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+
+#include "tierflow/error.hpp"
 
 namespace tierflow::cli {
 
@@ -72,6 +75,22 @@ std::string render_table(const std::vector<std::string>& header,
     emit(row);
   }
   return out;
+}
+
+void check_output_folder(const char* flag, const std::string& path) {
+  const auto parent = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(parent)) {
+    throw input_error(flag, "no such directory: " + parent.string(), path);
+  }
+}
+
+void write_text_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    throw error(path.string() + ": cannot write the file");
+  }
 }
 
 }  // namespace tierflow::cli

@@ -2,6 +2,7 @@
 // Human formatting for CLI output: sizes, bandwidths and fixed-width tables.
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,13 @@ std::string format_number(std::optional<double> value, int decimals);
 
 /** A bandwidth in GB/s with 3 significant digits (`131`, `32.8`, `0.02`), `-` when unknown. */
 std::string format_bandwidth(std::optional<double> gbps);
+
+/** Refuses an output file whose folder does not exist, before any work is done.
+ *  @throws input_error naming @p flag and the folder */
+void check_output_folder(const char* flag, const std::string& path);
+
+/** Writes @p text to @p path, replacing it. @throws tierflow::error naming the file */
+void write_text_file(const std::filesystem::path& path, const std::string& text);
 
 /** Renders rows under a header, each column as wide as its widest cell. */
 std::string render_table(const std::vector<std::string>& header,

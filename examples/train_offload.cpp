@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "format.hpp"
 #include "svg_chart.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/emulated_device.hpp"
@@ -462,14 +463,6 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
   return result;
 }
 
-void write_file(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) {
-    throw error("demo: cannot write " + path.string());
-  }
-}
-
 int run_demo(const demo_options& o) {
   if (o.layers == 0 || o.width == 0 || o.batch == 0 || o.steps == 0) {
     throw input_error("tierflow demo", "--layers, --width, --batch and --steps must be > 0");
@@ -505,9 +498,9 @@ int run_demo(const demo_options& o) {
   json metrics = json::parse(run.sched_json);
   metrics["adam"] = json::parse(run.adam->to_json())["adam"];
   metrics["placement"] = json::parse(to_json(run.placement))["placement"];
-  write_file(dir / "metrics.json", metrics.dump(2) + "\n");
-  write_file(dir / "trace.json", run.trace);
-  write_file(dir / "metrics.prom", run.prometheus);
+  write_text_file(dir / "metrics.json", metrics.dump(2) + "\n");
+  write_text_file(dir / "trace.json", run.trace);
+  write_text_file(dir / "metrics.prom", run.prometheus);
 
   json verify;
   if (o.verify) {
@@ -725,9 +718,8 @@ int run_tune(const tune_options& t) {
   if (t.measure_steps == 0) {
     throw input_error("--steps", "must be > 0");
   }
-  if (!t.html.empty() &&
-      !std::filesystem::is_directory(std::filesystem::absolute(t.html).parent_path())) {
-    throw input_error("--html", "no such directory", t.html);
+  if (!t.html.empty()) {
+    check_output_folder("--html", t.html);
   }
   demo_options o = t.model;
   o.steps = t.warmup_steps + t.measure_steps;
@@ -844,7 +836,7 @@ int run_tune(const tune_options& t) {
            {"sweep", rows},
            {"skipped", skipped}};
   if (!t.html.empty()) {
-    write_file(t.html, tune_html(sweep, *pick, workload));
+    write_text_file(t.html, tune_html(sweep, *pick, workload));
     doc["html"] = t.html;
   }
   if (t.as_json) {
