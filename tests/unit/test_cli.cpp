@@ -57,6 +57,15 @@ run_result run_cli(const std::vector<std::string>& args, const std::string& env 
   return result;
 }
 
+// How often @p what occurs in @p text (overlapping ones too).
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
 void check_one_line_error(const run_result& r, const std::string& expected) {
   INFO("stderr: " << r.err);
   CHECK(r.exit_code == 2);
@@ -275,13 +284,7 @@ TEST_CASE("tune sweeps window x chunk, marks the Pareto front and recommends wit
   }
   // The page: step time and stall against the window, a line per (mode, chunk), every row.
   const auto html = tierflow::test::read_file(page);
-  const auto count = [&](const std::string& what) {
-    std::size_t n = 0;
-    for (auto at = html.find(what); at != std::string::npos; at = html.find(what, at + 1)) {
-      ++n;
-    }
-    return n;
-  };
+  const auto count = [&](const std::string& what) { return occurrences(html, what); };
   CHECK(count("<svg") == 2);
   CHECK(count("<polyline") == 4);
   CHECK(count("<circle") == 12);
@@ -644,13 +647,7 @@ TEST_CASE(
   CHECK_THAT(r.out, Catch::Contains("to node 2"));
   CHECK_THAT(r.out, Catch::Contains("WAIVED"));
   const auto html = tierflow::test::read_file(page);
-  const auto count = [&](const std::string& what) {
-    std::size_t n = 0;
-    for (auto at = html.find(what); at != std::string::npos; at = html.find(what, at + 1)) {
-      ++n;
-    }
-    return n;
-  };
+  const auto count = [&](const std::string& what) { return occurrences(html, what); };
   CHECK_THAT(html, Catch::StartsWith("<!DOCTYPE html>"));
   CHECK(count("<svg") == count("</svg>"));
   CHECK(count("<svg") == 3);  // one matrix, the latency bars, the sweep
