@@ -112,7 +112,7 @@ struct step_metrics {
 struct scheduler_metrics {
   double step_time_s = 0;
   double lower_bound_s = 0;
-  double overlap_efficiency = 0;  ///< lower_bound_s / step_time_s (0 when not measured)
+  double overlap_efficiency = 0;  ///< median of each iteration's bound / time (0: not measured)
   double stall_fraction = 0;      ///< median over iterations of stall time / iteration time
   std::uint64_t bytes_in = 0;     ///< total fetched into staging
   std::uint64_t bytes_out = 0;    ///< total written back

@@ -232,22 +232,27 @@ scheduler_metrics scheduler_accounting::snapshot() const {
   m.d2h = d2h_.read();
   m.per_step = per_step_;
   if (!iterations_.empty()) {
-    std::vector<double> times, bounds, stalls;
+    std::vector<double> times, bounds, stalls, efficiencies;
     for (const auto& it : iterations_) {
+      const double bound = lower_bound(it.compute, it.bytes_in, it.bytes_out);
       times.push_back(it.time);
-      bounds.push_back(lower_bound(it.compute, it.bytes_in, it.bytes_out));
+      bounds.push_back(bound);
       stalls.push_back(it.time > 0 ? it.stall / it.time : 0);
+      efficiencies.push_back(it.time > 0 ? bound / it.time : 0);
     }
     m.step_time_s = median(times);
     m.lower_bound_s = median(bounds);
     m.stall_fraction = median(stalls);
+    // Each iteration against its own bound: the ratio of the two medians could pair a slow
+    // iteration's bound with a fast one's time when iterations differ (a preempted host).
+    m.overlap_efficiency = median(efficiencies);
   } else if (runs_ > 0) {
     const double scale = static_cast<double>(steps_in_plan_) / static_cast<double>(runs_);
     m.step_time_s = m.elapsed_seconds * scale;
     m.lower_bound_s = lower_bound(compute_, bytes_in_, bytes_out_) * scale;
     m.stall_fraction = m.elapsed_seconds > 0 ? stall_ / m.elapsed_seconds : 0;
+    m.overlap_efficiency = m.step_time_s > 0 ? m.lower_bound_s / m.step_time_s : 0;
   }
-  m.overlap_efficiency = m.step_time_s > 0 ? m.lower_bound_s / m.step_time_s : 0;
   return m;
 }
 
@@ -338,8 +343,8 @@ void scheduler_metrics::to_prometheus(metrics::prometheus_writer& out) const {
   out.gauge("scheduler_lower_bound_seconds",
             "max(compute, bytes in / h2d bandwidth, bytes out / d2h bandwidth) per iteration",
             lower_bound_s);
-  out.gauge("scheduler_overlap_efficiency_ratio", "Lower bound / achieved iteration time",
-            overlap_efficiency);
+  out.gauge("scheduler_overlap_efficiency_ratio",
+            "Median of each iteration's lower bound / achieved time", overlap_efficiency);
   out.gauge("scheduler_stall_fraction_ratio", "Share of the time compute waited for a prefetch",
             stall_fraction);
   out.counter("scheduler_bytes_in_total", "Bytes fetched into HBM staging", d(bytes_in));
