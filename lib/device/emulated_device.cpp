@@ -115,9 +115,11 @@ class link_channel {
  public:
   /** When this transfer leaves the link. A transfer that follows the last one closely starts
    * where it ended, so a worker's late wake-up is made up by the next transfer rather than
-   * lost; after an idle gap it starts now. */
+   * lost; after an idle gap it starts now. The gap that still counts as back to back is
+   * short: a longer one would let a transfer after a brief idle spell (a compute step of a
+   * few hundred µs) reclaim the idle time and beat the link's cap. */
   clock_type::time_point reserve(std::size_t bytes, double gbps, std::chrono::nanoseconds latency) {
-    constexpr auto back_to_back = std::chrono::microseconds(500);
+    constexpr auto back_to_back = std::chrono::microseconds(150);
     const std::lock_guard lock(mutex_);
     const auto now = clock_type::now();
     const auto start = now > free_at_ + back_to_back ? now : free_at_;
