@@ -874,8 +874,9 @@ void offload_adam::impl::recover_streamed(adam_step_result result,
   };
   if (done_count == 0) {
     std::string text = where +
-                       "no chunk had been written back, so the step was rolled back and the state "
-                       "is as before; call step() again once the fault is gone; ";
+                       "no chunk's write-back had surely landed, so the step was rolled back "
+                       "(not applied) from the undo copies: the state is as before; call step() "
+                       "again once the fault is gone; ";
     resend(text);
     throw adam_step_error(text, adam_step_error::outcome::not_applied);
   }
@@ -1033,9 +1034,20 @@ void offload_adam::impl::upload_params() {
   h2d.synchronize();
 }
 
+// Between steps every tier copy is current (a step returns once its write-backs landed), so
+// the flush only drops what was prefetched for the next step: a failed prefetch costs nothing
+// but the refetch, and is not the caller's error.
 void offload_adam::impl::flush_state() {
-  if (scheduler) {
+  if (!scheduler) {
+    return;
+  }
+  try {
     scheduler->flush();
+  } catch (const device_error& e) {
+    detail::log(log_level::debug,
+                std::string("offload_adam: a prefetch for the next step failed and is dropped: ") +
+                    e.what());
+    settle_device();
   }
 }
 
