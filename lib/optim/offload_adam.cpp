@@ -887,20 +887,18 @@ void offload_adam::impl::recover_streamed(adam_step_result result,
       rest.push_back(c.index);
     }
   }
+  // One try: a failure now is a second fault, and the pending step survives it.
   std::string host_failure;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (finish_on_host(rest, scalars, host_failure)) {
-      for (auto& g : groups) {
-        ++g.steps;
-      }
-      std::string text = where + std::to_string(done_count) + " of " +
-                         std::to_string(chunks.size()) +
-                         " chunks had been written back, so the step was completed on the host "
-                         "for the other " +
-                         std::to_string(rest.size()) + " and is applied (do not repeat it); ";
-      resend(text);
-      throw adam_step_error(text, adam_step_error::outcome::applied);
+  if (finish_on_host(rest, scalars, host_failure)) {
+    for (auto& g : groups) {
+      ++g.steps;
     }
+    std::string text = where + std::to_string(done_count) + " of " + std::to_string(chunks.size()) +
+                       " chunks had been written back, so the step was completed on the host "
+                       "for the other " +
+                       std::to_string(rest.size()) + " and is applied (do not repeat it); ";
+    resend(text);
+    throw adam_step_error(text, adam_step_error::outcome::applied);
   }
   pending = pending_step{std::move(rest), scalars, std::move(result)};
   params_stale = true;

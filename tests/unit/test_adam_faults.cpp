@@ -555,3 +555,65 @@ TEST_CASE("load() whose params upload fails keeps the loaded state and re-sends 
     REQUIRE(rig.params() == reference.params());
   }
 }
+
+TEST_CASE(
+    "streamed mode: a second fault while completing a step leaves it pending, and the "
+    "next step() completes it",
+    "[adam][faults]") {
+  auto gen = test::rng(1108);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  test::scratch_dir dir;
+  for (int round = 0; round < 3; ++round) {
+    auto plan = test::random_adam_plan(gen, adam_mode::streamed, 3000);
+    plan.options.window = uniform(gen, 0, 2);
+    plan.options.chunk_elements = uniform(gen, 64, 256);
+    plan.groups[0][0].elements = 3000;  // more chunks than the window: write-backs are tracked
+    const std::size_t chunks = plan.chunk_count(false);
+    INFO(plan.describe());
+    adam_rig reference(plan);
+    adam_rig rig(plan);
+    reference.build(policy);
+    rig.build(policy);
+    reference.set_grads(0);
+    rig.set_grads(0);
+    REQUIRE(reference.opt().step().applied);
+    const auto before = rig.state();
+    // The last chunk's fetch fails (master, m and v of each chunk are fetched in order), after
+    // every other chunk was written back (3 copies each, and the last one's 3, skipped, are
+    // counted too); then the first copy of the recovery, the last chunk's grads, fails.
+    auto& dev = rig.dev();
+    dev.fail_copy(dev.h2d_stream(), static_cast<unsigned>(3 * chunks - 2));
+    dev.fail_copy(dev.d2h_stream(), static_cast<unsigned>(3 * chunks + 1));
+    try {
+      (void)rig.opt().step();
+      FAIL("no error");
+    } catch (const adam_step_error& e) {
+      INFO(e.what());
+      CHECK(e.result() == adam_step_error::outcome::pending);
+      CHECK_FALSE(e.applied());
+      CHECK_THAT(e.what(), Catch::Contains(std::to_string(chunks - 1) + " of " +
+                                           std::to_string(chunks) + " chunks") &&
+                               Catch::Contains("pending") && Catch::Contains("injected fault"));
+    }
+    CHECK_FALSE(rig.opt().params_current());
+    CHECK(rig.state() != before);  // half done, and known to be
+    CHECK(rig.state() != reference.state());
+    CHECK_THROWS_WITH(rig.opt().save(dir.path() / "pending.ckpt"), Catch::Contains("pending"));
+    // The retry completes the step from the same grads instead of taking another.
+    const auto r = rig.opt().step();
+    CHECK(r.applied);
+    CHECK(rig.opt().params_current());
+    CHECK(rig.opt().step_count(0) == 1);
+    REQUIRE(rig.state() == reference.state());
+    REQUIRE(rig.params() == reference.params());
+    for (std::uint64_t s = 1; s < 3; ++s) {
+      reference.set_grads(s);
+      rig.set_grads(s);
+      REQUIRE(reference.opt().step().applied);
+      REQUIRE(rig.opt().step().applied);
+    }
+    REQUIRE(rig.state() == reference.state());
+    REQUIRE(rig.params() == reference.params());
+  }
+}
