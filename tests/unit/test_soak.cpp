@@ -30,7 +30,7 @@ std::uint64_t soak_steps() {
   if (const char* text = std::getenv("TIERFLOW_SOAK_STEPS"); text != nullptr && *text) {
     return std::max<std::uint64_t>(std::strtoull(text, nullptr, 10), 1);
   }
-  return test::under_sanitizer ? 120 : 400;
+  return test::under_sanitizer ? 150 : 400;
 }
 
 // Resident bytes with the allocator's free memory given back, so that only what is held
