@@ -18,6 +18,16 @@
  * step count. Scalars are computed in double and rounded to float once, as PyTorch does.
  * A step whose grads hold an inf or a NaN anywhere is skipped for every parameter: no state
  * changes and no step counts.
+ *
+ * Reliability (docs/reliability.md): a step is all or nothing. When a device operation fails
+ * during step(), it throws adam_step_error, whose outcome() says which of the two happened:
+ * `not_applied` (the master weights, moments and step counts are bit for bit as before the
+ * step; call step() again once the fault is gone) or `applied` (the step is complete in the
+ * state, exactly as a fault-free step; do not repeat it). The device params then may lag the
+ * master weights (params_current() false): the next step(), load() or sync_params() re-sends
+ * them before anything else. Only when even the recovery's copies fail is a streamed step left
+ * `pending`: the next step() completes it (from the grads still on the device) instead of
+ * starting a new one. Nothing leaks and no thread is left running in any case.
  */
 #include <cstddef>
 #include <cstdint>
@@ -123,6 +133,28 @@ struct adam_options {
   double host_memory_gbps = 0.0;
 };
 
+/** @brief A step() that a device failure interrupted, and what became of the step. */
+class adam_step_error : public device_error {
+ public:
+  /** @brief What the failed step left in the state. */
+  enum class outcome {
+    not_applied,  ///< the state is as before the step (bit for bit); retry step()
+    applied,      ///< the step is complete in the state; do not repeat it
+    pending       ///< half done; the next step() completes it (grads must stay as they are)
+  };
+  /** @param what the message, with the failure and how to recover */
+  adam_step_error(const std::string& what, outcome result);
+  [[nodiscard]] outcome result() const noexcept { return outcome_; }
+  /** @brief Whether the state holds the step (outcome applied). */
+  [[nodiscard]] bool applied() const noexcept { return outcome_ == outcome::applied; }
+
+ private:
+  outcome outcome_;
+};
+
+/** @brief `not_applied`, `applied`, `pending`. */
+[[nodiscard]] std::string_view to_string(adam_step_error::outcome outcome) noexcept;
+
 /** @brief What one step did. */
 struct adam_step_result {
   bool applied = false;     ///< false: skipped (non-finite grads); nothing changed
@@ -182,10 +214,26 @@ class offload_adam {
 
   /**
    * @brief One optimizer step over every group.
-   * @throws device_error when a copy or the device kernel fails: the state is then as before
-   *         the step (nothing is half-applied) and the next step may be retried
+   *
+   * First re-sends the device params if a failed call left them behind, and completes a
+   * pending step (then returns that step's result without starting another).
+   * @throws adam_step_error when a copy or the device kernel fails, saying whether the step
+   *         was applied (see the file comment): cpu mode reports a failed grads copy as
+   *         not applied and a failed params upload as applied (the state stepped; the params
+   *         are re-sent later); streamed mode rolls a step back when no chunk's write-back had
+   *         landed, and else completes it on the host from the chunks' pre-step copies
    */
   adam_step_result step();
+
+  /**
+   * @brief Re-sends the params from the master weights when a failed call left the device
+   * params behind them (no-op otherwise). Call it before a forward pass that must not see
+   * stale params; step() does it by itself.
+   * @throws adam_step_error (not_applied) when the upload fails again; retry later
+   */
+  void sync_params();
+  /** @brief Whether the device params hold the master weights (false after a failed upload). */
+  [[nodiscard]] bool params_current() const noexcept;
 
   /** @brief The hyper-parameters of group @p group. @throws tierflow::error out of range */
   [[nodiscard]] const adam_hyper& hyper(std::size_t group) const;
@@ -206,14 +254,17 @@ class offload_adam {
    * @brief Writes the state to @p path atomically (temp file, fsync, rename): a header with
    * the format version, groups, names, shapes, dtypes, hyper-parameters and step counts, and
    * payload chunks with CRC32C. @throws tierflow::error naming the path on failure (the file
-   * at @p path, if any, is left as it was)
+   * at @p path, if any, is left as it was), or while a step is pending
    */
   void save(const std::filesystem::path& path) const;
   /**
    * @brief Reads a checkpoint written by save() (by any mode) and, only when every byte of it
    * checks out, replaces the state and the device params with it.
+   * A pending step is dropped (the file replaces it).
    * @throws input_error naming the path for a truncated, corrupted or mismatched file, or one
-   *         of another format version; the live state is then untouched
+   *         of another format version; the live state is then untouched.
+   *         adam_step_error (applied) when the state was loaded but sending the params failed
+   *         (re-sent by the next step() or sync_params())
    */
   void load(const std::filesystem::path& path);
 

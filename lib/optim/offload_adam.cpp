@@ -13,6 +13,16 @@
 // chunk's master weights and moments into HBM, the kernel (on the emulated device its CPU
 // twin, a host callback) updates them and the device params in place, and the scheduler
 // writes them back behind.
+//
+// All or nothing (docs/reliability.md). cpu mode updates the state only once every grad has
+// landed, so a failed grads copy leaves it untouched; a failed params upload comes after the
+// state has stepped, so the step counts as applied and the params are re-sent before the
+// next use (params_stale). streamed mode cannot roll back chunks whose write-back landed, so
+// it rolls forward: before a chunk is staged, the host copies its pre-step state into a small
+// undo ring; a chunk's slot is reused only once an event after its write-back has fired. On
+// failure the chunks whose write-back surely landed hold the step, the ring restores the
+// others to their pre-step state, and the host runs the step for those from their grads (the
+// same kernels, so the same bits); with no chunk written back the step is rolled back.
 #include "tierflow/offload_adam.hpp"
 
 #include <algorithm>
@@ -23,6 +33,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -62,6 +73,21 @@ std::string_view to_string(adam_mode mode) noexcept {
       return "streamed";
     case adam_mode::automatic:
       return "auto";
+  }
+  return "unknown";
+}
+
+adam_step_error::adam_step_error(const std::string& what, outcome result)
+    : device_error(what), outcome_(result) {}
+
+std::string_view to_string(adam_step_error::outcome outcome) noexcept {
+  switch (outcome) {
+    case adam_step_error::outcome::not_applied:
+      return "not_applied";
+    case adam_step_error::outcome::applied:
+      return "applied";
+    case adam_step_error::outcome::pending:
+      return "pending";
   }
   return "unknown";
 }
@@ -184,6 +210,23 @@ struct offload_adam::impl {
   std::unique_ptr<prefetch_scheduler> scheduler;
   std::vector<std::array<buffer_id, 3>> chunk_buffers;  // master, m, v
   std::unique_ptr<detail::device_adam> device_side;
+  // The undo ring: each slot holds one chunk's pre-step master, m and v (3 × largest chunk).
+  std::vector<tier_allocation> undo;
+  std::vector<std::size_t> undo_chunk;  // the chunk in each slot this step (none: empty)
+  std::vector<char> written_back;       // per chunk: its write-back event was recorded
+  // Whether an event recorded after a chunk's release covers its write-back: not when the
+  // window spans the plan (a chunk staged again for the next pass defers its write-back).
+  bool trust_writeback_events = false;
+  std::size_t largest_chunk = 0;
+
+  // Reliability
+  bool params_stale = false;  // the device params lag the master weights
+  struct pending_step {
+    std::vector<std::size_t> chunks;  // still at the pre-step state
+    std::vector<adam_scalars> scalars;
+    adam_step_result result;
+  };
+  std::optional<pending_step> pending;
 
   adam_metrics totals;
 
@@ -219,6 +262,17 @@ struct offload_adam::impl {
   adam_step_result run_cpu_step(adam_step_result result);
   adam_step_result run_streamed_step(adam_step_result result);
   void upload_params();
+  bool try_upload_params(std::string& failure);
+  void resend_stale_params(const char* during);
+  void settle_device() noexcept;
+  void save_undo(const chunk_ref& c);
+  [[noreturn]] void recover_streamed(adam_step_result result,
+                                     const std::vector<adam_scalars>& scalars,
+                                     std::optional<std::size_t> acquired,
+                                     const std::string& failure);
+  bool finish_on_host(const std::vector<std::size_t>& rest,
+                      const std::vector<adam_scalars>& scalars, std::string& failure);
+  adam_step_result complete_pending();
   void flush_state();
   adam_scalars scalars_for(std::size_t group, double grad_scale) const {
     const auto& g = groups[group];
@@ -509,6 +563,23 @@ void offload_adam::impl::build_streamed() {
   so.d2h_gbps = options.d2h_gbps;
   scheduler = std::make_unique<prefetch_scheduler>(dev, std::move(plan), so);
   device_side = detail::make_device_adam(dev, kernel, chunks.size());
+  // A chunk is staged again for the next pass only when the window spans the plan; then its
+  // write-back waits for that pass, and only the end-of-step flush commits it.
+  trust_writeback_events = chunks.size() > options.window;
+  // Write-backs in flight are bounded by the staging slots (window + 2 by default): a few
+  // more ring slots keep the host from waiting for them; every chunk when none is trusted.
+  const std::size_t slots =
+      trust_writeback_events
+          ? std::min<std::size_t>(chunks.size(), static_cast<std::size_t>(options.window) + 3)
+          : chunks.size();
+  for (const auto& c : chunks) {
+    largest_chunk = std::max(largest_chunk, c.count);
+  }
+  for (std::size_t i = 0; i < slots; ++i) {
+    undo.push_back(placement.allocate(data_class::staging, 3 * largest_chunk * sizeof(float)));
+  }
+  undo_chunk.assign(slots, chunks.size());
+  written_back.assign(chunks.size(), 0);
 }
 
 std::string offload_adam::impl::skip_reason() const {
@@ -564,11 +635,17 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
   }
   if (failure) {
     // The state is untouched; let the copies that are still queued finish before reporting.
+    settle_device();
     try {
-      d2h.synchronize();
-    } catch (const std::exception&) {
+      std::rethrow_exception(failure);
+    } catch (const device_error& e) {
+      throw adam_step_error(
+          "offload_adam::step (cpu mode): copying the grads to the host failed, so the step "
+          "was not applied and the state is as before; call step() again once the fault is "
+          "gone: " +
+              std::string(e.what()),
+          adam_step_error::outcome::not_applied);
     }
-    std::rethrow_exception(failure);
   }
   totals.grad_seconds += seconds_since(grads_start);
   std::vector<adam_scalars> scalars;
@@ -597,7 +674,12 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
     }
     const std::size_t slot = slot_hint % ring.size();
     const std::lock_guard lock(ring_mutex[slot]);
-    ring_events[slot]->synchronize();  // its previous chunk has left
+    try {
+      ring_events[slot]->synchronize();  // its previous chunk has left
+    } catch (const device_error&) {
+      // An earlier upload failed: the h2d stream skips what follows until the failure is
+      // reported after the batch; the state keeps stepping, and the params are re-sent.
+    }
     detail::store_params(kernel, master, ring[slot].data(), p.desc.dtype, c.count);
     dev.copy_async(dst, ring[slot].data(), c.count * eb, copy_kind::h2d, h2d);
     h2d.record(*ring_events[slot]);
@@ -626,13 +708,24 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
     totals.bytes_h2d += desc.param_on_host ? 0 : c.count * dtype_bytes(desc.dtype);
   }
   // The state has stepped; a failed upload leaves the device params behind the master
-  // weights, which the next upload_params() (load(), or a retry here) brings back in line.
+  // weights, and they are re-sent before the next use (step(), sync_params(), load()).
   try {
     h2d.synchronize();
   } catch (const device_error& e) {
-    throw device_error(std::string("offload_adam: the step was applied to the state, but "
-                                   "sending the params to the device failed: ") +
-                       e.what());
+    params_stale = true;
+    settle_device();
+    // Events recorded after the failure carry it until recorded again on a healthy stream.
+    for (auto& e2 : ring_events) {
+      h2d.record(*e2);
+    }
+    settle_device();
+    throw adam_step_error(
+        "offload_adam::step (cpu mode): the step was applied to the state (step " +
+            std::to_string(groups.front().steps) +
+            " of group 0), but sending the params to the device failed; the device params lag "
+            "the master weights until sync_params() or the next step() re-sends them: " +
+            e.what(),
+        adam_step_error::outcome::applied);
   }
   return result;
 }
@@ -640,37 +733,280 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
 adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) {
   stream& compute = dev.compute_stream();
   // The norm pass on the device, then one host sync for the verdict.
-  for (const auto& c : chunks) {
-    const param_state& p = groups[c.group].params[c.param];
-    const std::size_t eb = dtype_bytes(p.desc.dtype);
-    device_side->sum_squares(compute, c.index,
-                             static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
-                             p.desc.dtype, c.count);
+  try {
+    for (const auto& c : chunks) {
+      const param_state& p = groups[c.group].params[c.param];
+      const std::size_t eb = dtype_bytes(p.desc.dtype);
+      device_side->sum_squares(compute, c.index,
+                               static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
+                               p.desc.dtype, c.count);
+    }
+    device_side->collect(compute, partial);
+  } catch (const device_error& e) {
+    settle_device();
+    throw adam_step_error(
+        "offload_adam::step (streamed mode): the grad norm pass on the device failed, so the "
+        "step was not applied and the state is as before; call step() again once the fault "
+        "is gone: " +
+            std::string(e.what()),
+        adam_step_error::outcome::not_applied);
   }
-  device_side->collect(compute, partial);
   std::vector<adam_scalars> scalars;
   if (!judge_grads(result, scalars)) {
     return result;
   }
-  for (const auto& c : chunks) {
-    const staged_step& staged = scheduler->acquire(c.index);
-    param_state& p = groups[c.group].params[c.param];
-    const std::size_t eb = dtype_bytes(p.desc.dtype);
-    auto* master = static_cast<float*>(staged.pointer(chunk_buffers[c.index][0]));
-    auto* m = static_cast<float*>(staged.pointer(chunk_buffers[c.index][1]));
-    auto* v = static_cast<float*>(staged.pointer(chunk_buffers[c.index][2]));
-    const void* grad = static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb;
-    void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
-    device_side->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
-                        scalars[c.group]);
-    scheduler->release(c.index, true);
+  std::fill(undo_chunk.begin(), undo_chunk.end(), chunks.size());
+  std::fill(written_back.begin(), written_back.end(), 0);
+  std::optional<std::size_t> acquired;
+  try {
+    for (const auto& c : chunks) {
+      save_undo(c);
+      const staged_step& staged = scheduler->acquire(c.index);
+      acquired = c.index;
+      param_state& p = groups[c.group].params[c.param];
+      const std::size_t eb = dtype_bytes(p.desc.dtype);
+      auto* master = static_cast<float*>(staged.pointer(chunk_buffers[c.index][0]));
+      auto* m = static_cast<float*>(staged.pointer(chunk_buffers[c.index][1]));
+      auto* v = static_cast<float*>(staged.pointer(chunk_buffers[c.index][2]));
+      const void* grad = static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb;
+      void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
+      device_side->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
+                          scalars[c.group]);
+      acquired.reset();
+      scheduler->release(c.index, true);
+      // After the write-back the release enqueued (the d2h stream runs in order).
+      dev.d2h_stream().record(*chunk_events[c.index]);
+      written_back[c.index] = 1;
+    }
+    // The step returns only once it is in the tiers: a write-back that failed later would
+    // otherwise be lost with the staging the next failure discards.
+    if (trust_writeback_events) {
+      chunk_events[chunks.size() - 1]->synchronize();
+    } else {
+      scheduler->flush();
+    }
+    compute.synchronize();
+  } catch (const device_error& e) {
+    recover_streamed(std::move(result), scalars, acquired, e.what());
   }
-  compute.synchronize();
   for (auto& g : groups) {
     ++g.steps;
   }
   result.applied = true;
   return result;
+}
+
+// Copies chunk @p c's pre-step state into its undo slot, once the slot's previous chunk is
+// surely in its tier copy.
+void offload_adam::impl::save_undo(const chunk_ref& c) {
+  const std::size_t slot = c.index % undo.size();
+  if (const std::size_t previous = undo_chunk[slot]; previous < chunks.size()) {
+    chunk_events[previous]->synchronize();  // throws when its write-back failed
+  }
+  const param_state& p = groups[c.group].params[c.param];
+  auto* out = static_cast<float*>(undo[slot].data());
+  std::memcpy(out, p.master_p() + c.offset, c.count * sizeof(float));
+  std::memcpy(out + largest_chunk, p.moments_m() + c.offset, c.count * sizeof(float));
+  std::memcpy(out + 2 * largest_chunk, p.moments_v() + c.offset, c.count * sizeof(float));
+  undo_chunk[slot] = c.index;
+}
+
+void offload_adam::impl::recover_streamed(adam_step_result result,
+                                          const std::vector<adam_scalars>& scalars,
+                                          std::optional<std::size_t> acquired,
+                                          const std::string& failure) {
+  // 1. Let the scheduler drop what it staged and the device go idle.
+  if (acquired) {
+    try {
+      scheduler->release(*acquired, false);
+    } catch (const std::exception& e) {
+      detail::log(log_level::debug, std::string("offload_adam: recovery: ") + e.what());
+    }
+  }
+  try {
+    scheduler->flush();
+  } catch (const std::exception& e) {
+    detail::log(log_level::debug, std::string("offload_adam: recovery: ") + e.what());
+  }
+  settle_device();
+  // 2. The chunks whose write-back surely landed hold the step in their tier copy.
+  std::vector<char> done(chunks.size(), 0);
+  std::size_t done_count = 0;
+  if (trust_writeback_events) {
+    for (const auto& c : chunks) {
+      if (written_back[c.index] == 0) {
+        continue;
+      }
+      try {
+        chunk_events[c.index]->synchronize();
+        done[c.index] = 1;
+        ++done_count;
+      } catch (const device_error&) {
+      }
+    }
+  }
+  // 3. The others go back to their pre-step state: those released had their pre-step copy
+  // saved in the ring (a slot is reused only after its chunk's write-back landed); those
+  // never released were never written.
+  for (std::size_t slot = 0; slot < undo.size(); ++slot) {
+    const std::size_t index = undo_chunk[slot];
+    if (index >= chunks.size() || done[index] != 0) {
+      continue;
+    }
+    const chunk_ref& c = chunks[index];
+    const param_state& p = groups[c.group].params[c.param];
+    const auto* in = static_cast<const float*>(undo[slot].data());
+    std::memcpy(p.master_p() + c.offset, in, c.count * sizeof(float));
+    std::memcpy(p.moments_m() + c.offset, in + largest_chunk, c.count * sizeof(float));
+    std::memcpy(p.moments_v() + c.offset, in + 2 * largest_chunk, c.count * sizeof(float));
+  }
+  const std::string where = "offload_adam::step (streamed mode): " + failure + "; ";
+  // The kernels wrote the device params of every chunk they ran: derive them from the state.
+  const auto resend = [this](std::string& text) {
+    std::string upload_failure;
+    if (try_upload_params(upload_failure)) {
+      text += "the device params were re-sent";
+    } else {
+      text += "sending the params failed too (" + upload_failure +
+              "), so the device params lag the master weights until sync_params() or the next "
+              "step() re-sends them";
+    }
+  };
+  if (done_count == 0) {
+    std::string text = where +
+                       "no chunk's write-back had surely landed, so the step was rolled back "
+                       "(not applied) from the undo copies: the state is as before; call step() "
+                       "again once the fault is gone; ";
+    resend(text);
+    throw adam_step_error(text, adam_step_error::outcome::not_applied);
+  }
+  // 4. Complete the step on the host for the chunks still at their pre-step state.
+  std::vector<std::size_t> rest;
+  for (const auto& c : chunks) {
+    if (done[c.index] == 0) {
+      rest.push_back(c.index);
+    }
+  }
+  // One try: a failure now is a second fault, and the pending step survives it.
+  std::string host_failure;
+  if (finish_on_host(rest, scalars, host_failure)) {
+    for (auto& g : groups) {
+      ++g.steps;
+    }
+    std::string text = where + std::to_string(done_count) + " of " + std::to_string(chunks.size()) +
+                       " chunks had been written back, so the step was completed on the host "
+                       "for the other " +
+                       std::to_string(rest.size()) + " and is applied (do not repeat it); ";
+    resend(text);
+    throw adam_step_error(text, adam_step_error::outcome::applied);
+  }
+  pending = pending_step{std::move(rest), scalars, std::move(result)};
+  params_stale = true;
+  throw adam_step_error(
+      where + std::to_string(done_count) + " of " + std::to_string(chunks.size()) +
+          " chunks had been written back and completing the others failed (" + host_failure +
+          "); the step is pending: the next step() completes it from the "
+          "grads on the device, which must not change before then",
+      adam_step_error::outcome::pending);
+}
+
+// Copies the grads of chunks @p rest to the host and runs their update there; false (with
+// the reason) when the copy fails, the state then untouched.
+bool offload_adam::impl::finish_on_host(const std::vector<std::size_t>& rest,
+                                        const std::vector<adam_scalars>& scalars,
+                                        std::string& failure) {
+  stream& d2h = dev.d2h_stream();
+  auto* host = static_cast<unsigned char*>(grads_host.data());
+  try {
+    dev.compute_stream().record(*compute_done);
+    d2h.wait(*compute_done);
+    for (const std::size_t index : rest) {
+      const chunk_ref& c = chunks[index];
+      const param_state& p = groups[c.group].params[c.param];
+      const std::size_t eb = dtype_bytes(p.desc.dtype);
+      dev.copy_async(host + p.grad_offset + c.offset * eb,
+                     static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb, c.count * eb,
+                     copy_kind::d2h, d2h);
+    }
+    d2h.synchronize();
+  } catch (const device_error& e) {
+    failure = e.what();
+    settle_device();
+    return false;
+  }
+  for (const std::size_t index : rest) {
+    const chunk_ref& c = chunks[index];
+    param_state& p = groups[c.group].params[c.param];
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
+    detail::adam_update(kernel, p.master_p() + c.offset, p.moments_m() + c.offset,
+                        p.moments_v() + c.offset, host + p.grad_offset + c.offset * eb,
+                        p.desc.dtype, c.count, scalars[c.group]);
+  }
+  return true;
+}
+
+adam_step_result offload_adam::impl::complete_pending() {
+  pending_step& todo = *pending;
+  std::string failure;
+  if (!finish_on_host(todo.chunks, todo.scalars, failure)) {
+    throw adam_step_error("offload_adam::step: completing the pending step failed again (" +
+                              failure +
+                              "); it is still pending: call step() again once the fault is gone",
+                          adam_step_error::outcome::pending);
+  }
+  for (auto& g : groups) {
+    ++g.steps;
+  }
+  adam_step_result result = std::move(todo.result);
+  result.applied = true;
+  pending.reset();
+  if (std::string upload_failure; !try_upload_params(upload_failure)) {
+    throw adam_step_error(
+        "offload_adam::step: the pending step is now complete and applied (do not repeat "
+        "it), but sending the params failed, so they lag the master weights until "
+        "sync_params() or the next step() re-sends them: " +
+            upload_failure,
+        adam_step_error::outcome::applied);
+  }
+  return result;
+}
+
+// Waits for the device to go idle and takes (logs) any failure it still holds, so that the
+// next work runs on healthy streams.
+void offload_adam::impl::settle_device() noexcept {
+  try {
+    dev.synchronize();
+  } catch (const std::exception& e) {
+    detail::log(log_level::debug, std::string("offload_adam: settling the device: ") + e.what());
+  }
+}
+
+bool offload_adam::impl::try_upload_params(std::string& failure) {
+  params_stale = true;
+  try {
+    upload_params();
+  } catch (const device_error& e) {
+    failure = e.what();
+    settle_device();
+    return false;
+  }
+  params_stale = false;
+  return true;
+}
+
+void offload_adam::impl::resend_stale_params(const char* during) {
+  if (!params_stale) {
+    return;
+  }
+  std::string failure;
+  if (!try_upload_params(failure)) {
+    throw adam_step_error(std::string("offload_adam: ") + during +
+                              ": re-sending the params that a failed call left behind the "
+                              "master weights failed again, so nothing was done and the state is "
+                              "as before; retry once the fault is gone: " +
+                              failure,
+                          adam_step_error::outcome::not_applied);
+  }
 }
 
 void offload_adam::impl::upload_params() {
@@ -696,9 +1032,20 @@ void offload_adam::impl::upload_params() {
   h2d.synchronize();
 }
 
+// Between steps every tier copy is current (a step returns once its write-backs landed), so
+// the flush only drops what was prefetched for the next step: a failed prefetch costs nothing
+// but the refetch, and is not the caller's error.
 void offload_adam::impl::flush_state() {
-  if (scheduler) {
+  if (!scheduler) {
+    return;
+  }
+  try {
     scheduler->flush();
+  } catch (const device_error& e) {
+    detail::log(log_level::debug,
+                std::string("offload_adam: a prefetch for the next step failed and is dropped: ") +
+                    e.what());
+    settle_device();
   }
 }
 
@@ -751,8 +1098,20 @@ adam_step_result offload_adam::step() {
   impl& s = *impl_;
   const auto start = clock_type::now();
   adam_step_result result;
-  result = s.mode == adam_mode::cpu ? s.run_cpu_step(std::move(result))
-                                    : s.run_streamed_step(std::move(result));
+  try {
+    if (s.pending) {
+      result = s.complete_pending();
+    } else {
+      s.resend_stale_params("step");
+      result = s.mode == adam_mode::cpu ? s.run_cpu_step(std::move(result))
+                                        : s.run_streamed_step(std::move(result));
+    }
+  } catch (const adam_step_error& e) {
+    s.totals.steps += e.applied() ? 1 : 0;
+    s.totals.step_seconds_total += seconds_since(start);
+    detail::log(log_level::warning, e.what());
+    throw;
+  }
   result.seconds = seconds_since(start);
   if (result.applied) {
     ++s.totals.steps;
@@ -786,6 +1145,14 @@ void offload_adam::set_lr(double lr) {
   }
 }
 
+void offload_adam::sync_params() {
+  impl_->resend_stale_params("sync_params");
+}
+
+bool offload_adam::params_current() const noexcept {
+  return !impl_->params_stale;
+}
+
 std::uint64_t offload_adam::step_count(std::size_t group) const {
   return impl_->group_at(group).steps;
 }
@@ -807,6 +1174,10 @@ adam_kernel offload_adam::kernel() const noexcept {
 }
 
 void offload_adam::save(const std::filesystem::path& path) const {
+  if (impl_->pending) {
+    throw error("offload_adam::save: " + path.string() +
+                ": a failed step is pending (half done); step() completes it first");
+  }
   impl_->flush_state();
   detail::save_checkpoint(path, impl_->groups, impl_->options.chunk_elements);
 }
@@ -814,7 +1185,15 @@ void offload_adam::save(const std::filesystem::path& path) const {
 void offload_adam::load(const std::filesystem::path& path) {
   impl_->flush_state();
   detail::load_checkpoint(path, impl_->groups);
-  impl_->upload_params();
+  impl_->pending.reset();
+  if (std::string failure; !impl_->try_upload_params(failure)) {
+    throw adam_step_error("offload_adam::load: " + path.string() +
+                              ": the state was loaded, but sending the params failed, so they "
+                              "lag the master weights until sync_params() or the next step() "
+                              "re-sends them: " +
+                              failure,
+                          adam_step_error::outcome::applied);
+  }
 }
 
 adam_metrics offload_adam::metrics() const {

@@ -1,0 +1,388 @@
+#pragma once
+// The reliability tests' rig (test_adam_faults.cpp, test_soak.cpp): random offload_adam plans
+// on an emulated device, grads drawn from a seed per step (so a faulty run and a fault-free
+// reference see the same ones), the optimizer state as bytes, a scalar reference of the
+// state, and the process's threads and resident memory.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "core/crc32c.hpp"
+#include "optim/adam_kernels.hpp"
+#include "test_support.hpp"
+#include "tierflow/emulated_device.hpp"
+#include "tierflow/offload_adam.hpp"
+#include "tierflow/placement_policy.hpp"
+
+namespace tierflow::test {
+
+/** The shape of one optimizer: groups of params (dtype, size, where the param lives),
+ *  hyper-parameters, options and the seed of its values. */
+struct adam_plan {
+  struct param {
+    param_dtype dtype = param_dtype::f32;
+    std::size_t elements = 0;
+    bool on_host = false;
+  };
+  std::vector<std::vector<param>> groups;
+  std::vector<adam_hyper> hyper;
+  adam_options options;
+  std::uint64_t seed = 0;
+
+  [[nodiscard]] std::string describe() const {
+    std::ostringstream out;
+    out << to_string(options.mode) << ", chunk " << options.chunk_elements << ", window "
+        << options.window << ", threads " << options.threads << ", kernel "
+        << to_string(options.kernel) << ", clip " << options.max_grad_norm << ", loss scale "
+        << options.loss_scale << ", groups";
+    for (const auto& g : groups) {
+      out << " [";
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        out << (i == 0 ? "" : " ") << g[i].elements << "x" << to_string(g[i].dtype)
+            << (g[i].on_host ? "@host" : "");
+      }
+      out << "]";
+    }
+    return out.str();
+  }
+
+  [[nodiscard]] std::size_t chunk_count(bool device_params_only) const {
+    std::size_t n = 0;
+    for (const auto& g : groups) {
+      for (const auto& p : g) {
+        if (!device_params_only || !p.on_host) {
+          n += (p.elements + options.chunk_elements - 1) / options.chunk_elements;
+        }
+      }
+    }
+    return n;
+  }
+};
+
+inline std::size_t uniform(std::mt19937_64& gen, std::size_t lo, std::size_t hi) {
+  return std::uniform_int_distribution<std::size_t>(lo, hi)(gen);
+}
+
+inline std::vector<adam_kernel> kernels_here() {
+  std::vector<adam_kernel> out;
+  for (adam_kernel k : {adam_kernel::scalar, adam_kernel::avx2, adam_kernel::avx512}) {
+    if (kernel_supported(k)) {
+      out.push_back(k);
+    }
+  }
+  return out;
+}
+
+/** A random plan for @p mode with params of at most @p max_elements. */
+inline adam_plan random_adam_plan(std::mt19937_64& gen, adam_mode mode, std::size_t max_elements) {
+  constexpr param_dtype dtypes[] = {param_dtype::f32, param_dtype::bf16, param_dtype::f16};
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  adam_plan plan;
+  plan.seed = gen();
+  const std::size_t groups = uniform(gen, 1, 3);
+  for (std::size_t g = 0; g < groups; ++g) {
+    std::vector<adam_plan::param> params(uniform(gen, 1, 3));
+    for (auto& p : params) {
+      p.dtype = dtypes[uniform(gen, 0, 2)];
+      p.elements = uniform(gen, 1, max_elements);
+      p.on_host = mode == adam_mode::cpu && uniform(gen, 0, 5) == 0;
+    }
+    plan.groups.push_back(std::move(params));
+    adam_hyper h;
+    h.lr = std::pow(10.0, -4 + 2 * u(gen));
+    h.beta1 = 0.8 + 0.19 * u(gen);
+    h.beta2 = 0.95 + 0.0499 * u(gen);
+    h.eps = std::pow(10.0, -9 + 3 * u(gen));
+    h.weight_decay = u(gen) < 0.3 ? 0.0 : 0.1 * u(gen);
+    h.decay = u(gen) < 0.5 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
+    h.bias_correction = u(gen) < 0.8;
+    plan.hyper.push_back(h);
+  }
+  plan.options.mode = mode;
+  plan.options.chunk_elements = uniform(gen, 64, 2048);
+  plan.options.threads = static_cast<unsigned>(uniform(gen, 1, 3));
+  plan.options.window = uniform(gen, 0, 4);
+  plan.options.max_grad_norm = uniform(gen, 0, 2) == 0 ? 2.0 : 0.0;
+  plan.options.loss_scale = uniform(gen, 0, 2) == 0 ? 64.0 : 1.0;
+  const auto kernels = kernels_here();
+  plan.options.kernel = kernels[uniform(gen, 0, kernels.size() - 1)];
+  return plan;
+}
+
+/** The tests' emulated device: a fast link, one copy thread. */
+inline emulated_device_options rig_device_options() {
+  emulated_device_options o;
+  o.link = link_model::parse("h2d=40GB/s,d2h=40GB/s,latency=1us", "test");
+  o.copy_threads = 1;
+  o.hbm_bytes = std::uint64_t{256} << 20;
+  return o;
+}
+
+/** Host-only placement on this machine (no reserve, no huge pages). */
+inline placement_policy rig_placement(const topology& topo) {
+  placement_options o;
+  o.reserve_bytes = 0;
+  o.huge_pages = false;
+  return placement_policy(topo, o);
+}
+
+/** Values of @p dtype as raw bytes, from fp32 values. */
+inline std::vector<unsigned char> encode_values(const std::vector<float>& values,
+                                                param_dtype dtype) {
+  std::vector<unsigned char> out(values.size() * dtype_bytes(dtype));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (dtype == param_dtype::f32) {
+      std::memcpy(&out[4 * i], &values[i], 4);
+    } else {
+      const std::uint16_t h = dtype == param_dtype::bf16 ? detail::float_to_bf16(values[i])
+                                                         : detail::float_to_f16(values[i]);
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
+
+/** Normal values, none of them zero. */
+inline std::vector<float> nonzero_normals(std::size_t n, float scale, std::mt19937_64& gen) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do {
+      x = dist(gen);
+    } while (x == 0.0f);
+  }
+  return v;
+}
+
+/**
+ * An emulated device holding a plan's params and grads, and an offload_adam over them (built
+ * by build(), so that construction failures can be tested). Two rigs of one plan start from
+ * the same params and see the same grads at each step.
+ */
+class adam_rig {
+ public:
+  explicit adam_rig(const adam_plan& plan, emulated_device_options device = rig_device_options())
+      : plan_(plan), dev_(emulated_device::create(device)) {
+    auto gen = std::mt19937_64(plan.seed);
+    for (const auto& g : plan.groups) {
+      std::vector<tensor> ts;
+      for (const auto& p : g) {
+        tensor t;
+        t.desc = p;
+        t.bytes = p.elements * dtype_bytes(p.dtype);
+        const auto init = encode_values(nonzero_normals(p.elements, 1.0f, gen), p.dtype);
+        if (p.on_host) {
+          t.host_copy = init;
+          t.param = t.host_copy.data();
+        } else {
+          t.param = dev_->memory().allocate(t.bytes);
+          std::memcpy(t.param, init.data(), t.bytes);  // emulated device memory is host memory
+        }
+        t.grad = dev_->memory().allocate(t.bytes);
+        ts.push_back(std::move(t));
+      }
+      tensors_.push_back(std::move(ts));
+    }
+  }
+  adam_rig(const adam_rig&) = delete;
+  adam_rig& operator=(const adam_rig&) = delete;
+  ~adam_rig() {
+    opt_.reset();
+    for (auto& g : tensors_) {
+      for (auto& t : g) {
+        if (!t.desc.on_host) {
+          dev_->memory().deallocate(t.param, t.bytes);
+        }
+        dev_->memory().deallocate(t.grad, t.bytes);
+      }
+    }
+  }
+
+  /** Makes the optimizer (it throws what the constructor throws). */
+  void build(placement_policy& placement) {
+    std::vector<adam_group> groups;
+    for (std::size_t g = 0; g < tensors_.size(); ++g) {
+      adam_group ag;
+      ag.hyper = plan_.hyper[g];
+      for (std::size_t i = 0; i < tensors_[g].size(); ++i) {
+        const auto& t = tensors_[g][i];
+        adam_param p;
+        p.name = "g" + std::to_string(g) + ".p" + std::to_string(i);
+        p.param = t.param;
+        p.grad = t.grad;
+        p.dtype = t.desc.dtype;
+        p.elements = t.desc.elements;
+        p.param_on_host = t.desc.on_host;
+        ag.params.push_back(std::move(p));
+      }
+      groups.push_back(std::move(ag));
+    }
+    opt_ = std::make_unique<offload_adam>(*dev_, std::move(groups), plan_.options, placement);
+  }
+  void destroy() { opt_.reset(); }
+
+  [[nodiscard]] emulated_device& dev() { return *dev_; }
+  [[nodiscard]] offload_adam& opt() { return *opt_; }
+  [[nodiscard]] const adam_plan& plan() const { return plan_; }
+
+  /** Writes the grads of step @p step (0-based), the same for every rig of this plan. */
+  void set_grads(std::uint64_t step) {
+    for (std::size_t g = 0; g < tensors_.size(); ++g) {
+      for (std::size_t i = 0; i < tensors_[g].size(); ++i) {
+        const auto raw = grads_of(step, g, i);
+        std::memcpy(tensors_[g][i].grad, raw.data(), raw.size());
+      }
+    }
+  }
+
+  /** The grads of step @p step for param @p i of group @p g, in its dtype. */
+  [[nodiscard]] std::vector<unsigned char> grads_of(std::uint64_t step, std::size_t g,
+                                                    std::size_t i) const {
+    auto gen =
+        std::mt19937_64(plan_.seed ^ (0x9e3779b97f4a7c15ULL * (step + 1)) ^ (g << 40) ^ (i << 48));
+    const auto scale = static_cast<float>(0.3 * plan_.options.loss_scale);
+    return encode_values(nonzero_normals(tensors_[g][i].desc.elements, scale, gen),
+                         tensors_[g][i].desc.dtype);
+  }
+
+  /** The state as bytes: every param's master weights, m and v, then each group's steps. */
+  [[nodiscard]] std::vector<unsigned char> state() const {
+    std::vector<unsigned char> out;
+    const auto append = [&out](const void* p, std::size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      out.insert(out.end(), b, b + n);
+    };
+    for (std::size_t g = 0; g < tensors_.size(); ++g) {
+      for (std::size_t i = 0; i < tensors_[g].size(); ++i) {
+        for (const auto& v :
+             {opt_->master_weights(g, i), opt_->exp_avg(g, i), opt_->exp_avg_sq(g, i)}) {
+          append(v.data(), v.size() * sizeof(float));
+        }
+      }
+      const std::uint64_t steps = opt_->step_count(g);
+      append(&steps, sizeof steps);
+    }
+    return out;
+  }
+
+  /** The params as the device (or the host, for params on the host) holds them. */
+  [[nodiscard]] std::vector<unsigned char> params() const {
+    std::vector<unsigned char> out;
+    for (const auto& g : tensors_) {
+      for (const auto& t : g) {
+        const auto* b = static_cast<const unsigned char*>(t.param);
+        out.insert(out.end(), b, b + t.bytes);
+      }
+    }
+    return out;
+  }
+
+  /**
+   * The master weights, m and v after @p steps fault-free steps, by the scalar reference
+   * (detail::adam_reference), for a plan without clipping. Same layout as state().
+   */
+  [[nodiscard]] std::vector<unsigned char> reference_state(std::uint64_t steps) const {
+    std::vector<unsigned char> out;
+    for (std::size_t g = 0; g < tensors_.size(); ++g) {
+      for (std::size_t i = 0; i < tensors_[g].size(); ++i) {
+        const auto& t = tensors_[g][i];
+        const std::size_t n = t.desc.elements;
+        auto gen = std::mt19937_64(plan_.seed);
+        // The params of earlier tensors come first in the seed's sequence.
+        std::vector<float> p;
+        for (std::size_t gg = 0; gg <= g; ++gg) {
+          for (std::size_t ii = 0; ii < tensors_[gg].size(); ++ii) {
+            const auto& o = tensors_[gg][ii];
+            auto values = nonzero_normals(o.desc.elements, 1.0f, gen);
+            if (gg == g && ii == i) {
+              p = decoded(encode_values(values, o.desc.dtype), o.desc.dtype);
+              break;
+            }
+          }
+          if (!p.empty()) {
+            break;
+          }
+        }
+        std::vector<float> m(n, 0.0f), v(n, 0.0f);
+        for (std::uint64_t s = 0; s < steps; ++s) {
+          const auto grads = decoded(grads_of(s, g, i), t.desc.dtype);
+          const auto scalars =
+              detail::make_adam_scalars(plan_.hyper[g], s + 1, 1.0 / plan_.options.loss_scale);
+          for (std::size_t e = 0; e < n; ++e) {
+            detail::adam_reference(p[e], m[e], v[e], grads[e], scalars);
+          }
+        }
+        for (const auto* vec : {&p, &m, &v}) {
+          const auto* b = reinterpret_cast<const unsigned char*>(vec->data());
+          out.insert(out.end(), b, b + n * sizeof(float));
+        }
+      }
+      const std::uint64_t count = steps;
+      const auto* b = reinterpret_cast<const unsigned char*>(&count);
+      out.insert(out.end(), b, b + sizeof count);
+    }
+    return out;
+  }
+
+ private:
+  struct tensor {
+    adam_plan::param desc;
+    std::size_t bytes = 0;
+    void* param = nullptr;
+    void* grad = nullptr;
+    std::vector<unsigned char> host_copy;  // the param, for params on the host
+  };
+
+  static std::vector<float> decoded(const std::vector<unsigned char>& raw, param_dtype dtype) {
+    const std::size_t n = raw.size() / dtype_bytes(dtype);
+    std::vector<float> out(n);
+    detail::load_as_f32(raw.data(), dtype, out.data(), n);
+    return out;
+  }
+
+  adam_plan plan_;
+  std::unique_ptr<emulated_device> dev_;
+  std::vector<std::vector<tensor>> tensors_;
+  std::unique_ptr<offload_adam> opt_;  // before the tensors' device memory goes
+};
+
+/** CRC32C of @p bytes, for messages. */
+inline std::uint32_t checksum(const std::vector<unsigned char>& bytes) {
+  return detail::crc32c(bytes.data(), bytes.size());
+}
+
+/** A line of /proc/self/status (e.g. `Threads:`, `VmLck:`) as a number, 0 if absent. */
+inline std::uint64_t proc_status_value(const std::string& key) {
+  std::istringstream in(read_file("/proc/self/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) {
+      return std::stoull(line.substr(key.size()));
+    }
+  }
+  return 0;
+}
+
+/** Threads of this process now. */
+inline std::uint64_t thread_count() {
+  return proc_status_value("Threads:");
+}
+
+/** Resident set size of this process now, in bytes (/proc/self/statm). */
+inline std::uint64_t resident_bytes() {
+  std::istringstream in(read_file("/proc/self/statm"));
+  std::uint64_t size = 0;
+  std::uint64_t resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace tierflow::test
