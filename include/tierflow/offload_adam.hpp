@@ -131,6 +131,14 @@ struct adam_options {
   double h2d_gbps = 0.0;
   double d2h_gbps = 0.0;
   double host_memory_gbps = 0.0;
+  /** How long step() waits, in seconds, for the device work it depends on before it changes
+   * any state: the work that made the grads (the caller's backward pass), their copy to the
+   * host (cpu mode) or the device norm pass (streamed mode), and the previous step's params
+   * uploads. When that work has not finished in time, step() throws adam_step_error
+   * (not_applied, the state as before); the work stays queued, and the next step() waits for
+   * it first. Once the step has started changing the state it runs to its end. 0: wait
+   * forever. Finite and >= 0. */
+  double device_timeout_s = 0.0;
 };
 
 /** @brief A step() that a device failure interrupted, and what became of the step. */

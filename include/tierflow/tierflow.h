@@ -59,6 +59,9 @@ typedef struct tf_adam_options {
   unsigned threads;      /* 0: the CPUs near the state */
   double max_grad_norm;  /* 0: no clipping */
   double loss_scale;     /* grads are divided by it; 1: none */
+  /* Seconds a step waits for the work its grads come from before it gives up, the state as
+   * before (see tf_adam_step); 0: forever. Added in 0.2: set it with tf_adam_options_default. */
+  double device_timeout_s;
 } tf_adam_options;
 
 typedef struct tf_device tf_device;
@@ -90,8 +93,16 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
                          tf_adam** out);
 void tf_adam_destroy(tf_adam* adam);
 /* One step. applied (may be NULL): 1, or 0 when non-finite grads skipped it. grad_norm (may be
- * NULL): the global norm of the unscaled grads. */
+ * NULL): the global norm of the unscaled grads.
+ * When a device operation fails (or times out) during the step it returns TF_ERR_DEVICE, and
+ * *applied says what the state holds: 0, as before the step (call tf_adam_step again once the
+ * fault is gone); 1, the step complete (do not repeat it); 2, half done (call tf_adam_step
+ * again with the same grads: it completes that step). See docs/reliability.md. */
 tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm);
+/* Re-sends the device params when a failed call left them behind the master weights (no-op
+ * otherwise); tf_adam_step does it by itself. *current (may be NULL): 1 when the device params
+ * hold the master weights afterwards. */
+tf_status tf_adam_sync_params(tf_adam* adam, int* current);
 /* Sets the lr of every group. */
 tf_status tf_adam_set_lr(tf_adam* adam, double lr);
 tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hyper);

@@ -127,6 +127,7 @@ void tf_adam_options_default(tf_adam_options* options) {
   options->threads = 0;
   options->max_grad_norm = 0;
   options->loss_scale = 1;
+  options->device_timeout_s = 0;
 }
 
 tf_status tf_device_open(const char* spec, tf_device** out) {
@@ -231,6 +232,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       o.threads = options->threads;
       o.max_grad_norm = options->max_grad_norm;
       o.loss_scale = options->loss_scale;
+      o.device_timeout_s = options->device_timeout_s;
     }
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
     *out = a.release();
@@ -244,7 +246,17 @@ void tf_adam_destroy(tf_adam* adam) {
 tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
   return guarded("tf_adam_step", [&] {
     need(adam, "adam");
-    const auto r = adam->opt->step();
+    tierflow::adam_step_result r;
+    try {
+      r = adam->opt->step();
+    } catch (const tierflow::adam_step_error& e) {
+      if (applied != nullptr) {
+        *applied = e.result() == tierflow::adam_step_error::outcome::applied   ? 1
+                   : e.result() == tierflow::adam_step_error::outcome::pending ? 2
+                                                                                : 0;
+      }
+      throw;
+    }
     if (applied != nullptr) {
       *applied = r.applied ? 1 : 0;
     }
@@ -253,6 +265,23 @@ tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
     }
     if (!r.applied) {
       last_error = r.skip_reason;  // not a failure, but the caller may want to say why
+    }
+  });
+}
+
+tf_status tf_adam_sync_params(tf_adam* adam, int* current) {
+  return guarded("tf_adam_sync_params", [&] {
+    need(adam, "adam");
+    try {
+      adam->opt->sync_params();
+    } catch (const tierflow::device_error&) {
+      if (current != nullptr) {
+        *current = 0;
+      }
+      throw;
+    }
+    if (current != nullptr) {
+      *current = adam->opt->params_current() ? 1 : 0;
     }
   });
 }

@@ -151,6 +151,44 @@ double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
+// The device work a step depends on did not finish by the step's deadline
+// (adam_options::device_timeout_s); the work itself is still queued.
+class device_timeout : public device_error {
+ public:
+  using device_error::device_error;
+};
+
+// When the wait for the work a step depends on gives up (none: never).
+using step_deadline = std::optional<clock_type::time_point>;
+
+step_deadline deadline_after(double seconds) {
+  if (seconds <= 0) {
+    return std::nullopt;
+  }
+  return clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                 std::chrono::duration<double>(seconds));
+}
+
+// Waits for @p e: as long as it takes without a deadline, else polling until the deadline
+// (the device interface has no timed wait), with a short back-off so that a late event costs
+// little. @throws device_timeout when the deadline passes first; device_error when the work
+// failed
+void await(event& e, const step_deadline& deadline, const char* what) {
+  if (!deadline) {
+    e.synchronize();
+    return;
+  }
+  auto pause = std::chrono::microseconds(10);
+  while (!e.query()) {
+    if (clock_type::now() >= *deadline) {
+      throw device_timeout(std::string("timed out waiting for ") + what);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+  e.synchronize();  // reports a failure
+}
+
 unsigned usable_cpus() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : n;
@@ -265,6 +303,7 @@ struct offload_adam::impl {
   bool try_upload_params(std::string& failure);
   void resend_stale_params(const char* during);
   void settle_device() noexcept;
+  [[nodiscard]] adam_step_error timed_out(const char* in_mode, const device_timeout& e) const;
   void save_undo(const chunk_ref& c);
   [[noreturn]] void recover_streamed(adam_step_result result,
                                      const std::vector<adam_scalars>& scalars,
@@ -335,6 +374,10 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) const {
     if (!std::isfinite(rate) || rate < 0) {
       throw error("offload_adam: measured rates must be finite and >= 0 (0: unknown)");
     }
+  }
+  if (!std::isfinite(options.device_timeout_s) || options.device_timeout_s < 0) {
+    throw error("offload_adam: device_timeout_s must be finite and >= 0 (0: wait forever), not " +
+                std::to_string(options.device_timeout_s));
   }
   std::set<std::string> names;
   for (std::size_t gi = 0; gi < in.size(); ++gi) {
@@ -598,6 +641,7 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
   stream& h2d = dev.h2d_stream();
   auto* host = static_cast<unsigned char*>(grads_host.data());
   const auto grads_start = clock_type::now();
+  const step_deadline deadline = deadline_after(options.device_timeout_s);
 
   // 1. Grads down, chunk by chunk, after the work that made them.
   dev.compute_stream().record(*compute_done);
@@ -612,9 +656,9 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
     totals.bytes_d2h += c.count * eb;
   }
   // 2. Σ g² per chunk as each lands.
-  const auto sum_chunk = [this, host](std::size_t index) {
+  const auto sum_chunk = [this, host, &deadline](std::size_t index) {
     const chunk_ref& c = chunks[index];
-    chunk_events[index]->synchronize();
+    await(*chunk_events[index], deadline, "the grads (the work that makes them, then their copy)");
     const param_state& p = groups[c.group].params[c.param];
     const std::size_t eb = dtype_bytes(p.desc.dtype);
     partial[index] = detail::grad_sum_squares(kernel, host + p.grad_offset + c.offset * eb,
@@ -634,11 +678,14 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
     }
   }
   if (failure) {
-    // The state is untouched; let the copies that are still queued finish before reporting.
-    settle_device();
     try {
       std::rethrow_exception(failure);
+    } catch (const device_timeout& e) {
+      // The work stays queued (the next step's copies run after it): nothing to settle.
+      throw timed_out("cpu", e);
     } catch (const device_error& e) {
+      // The state is untouched; let the copies still queued finish before reporting.
+      settle_device();
       throw adam_step_error(
           "offload_adam::step (cpu mode): copying the grads to the host failed, so the step "
           "was not applied and the state is as before; call step() again once the fault is "
@@ -741,7 +788,13 @@ adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) 
                                static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
                                p.desc.dtype, c.count);
     }
+    if (const step_deadline deadline = deadline_after(options.device_timeout_s); deadline) {
+      compute.record(*compute_done);
+      await(*compute_done, deadline, "the grads (the work that makes them, then the norm pass)");
+    }
     device_side->collect(compute, partial);
+  } catch (const device_timeout& e) {
+    throw timed_out("streamed", e);  // the work stays queued; the next step runs after it
   } catch (const device_error& e) {
     settle_device();
     throw adam_step_error(
@@ -969,6 +1022,15 @@ adam_step_result offload_adam::impl::complete_pending() {
         adam_step_error::outcome::applied);
   }
   return result;
+}
+
+adam_step_error offload_adam::impl::timed_out(const char* in_mode, const device_timeout& e) const {
+  return adam_step_error(std::string("offload_adam::step (") + in_mode + " mode): " + e.what() +
+                             " for " + detail::number(options.device_timeout_s) +
+                             " s (device_timeout_s), so the step was not applied and the state "
+                             "is as before; the work stays queued, and the next step() waits "
+                             "for it first",
+                         adam_step_error::outcome::not_applied);
 }
 
 // Waits for the device to go idle and takes (logs) any failure it still holds, so that the

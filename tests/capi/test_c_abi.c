@@ -118,6 +118,11 @@ int main(int argc, char** argv) {
   CHECK(tf_adam_create(dev, params, 2, &bad, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
   CHECK(strstr(tf_last_error(), "lr must be") != NULL);
   CHECK(adam == NULL);
+  options.device_timeout_s = -1;
+  CHECK(tf_adam_create(dev, params, 2, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "device_timeout_s") != NULL);
+  CHECK(adam == NULL);
+  options.device_timeout_s = 5;
   bad = hyper;
   bad.beta2 = 1.0;
   CHECK(tf_adam_create(dev, params, 2, &bad, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
@@ -158,6 +163,9 @@ int main(int argc, char** argv) {
   }
   unsigned long long count = 0;
   CHECK(tf_adam_step_count(adam, 0, &count) == TF_OK && count == STEPS);
+  int current = -1;
+  CHECK(tf_adam_sync_params(adam, &current) == TF_OK && current == 1);
+  CHECK(tf_adam_sync_params(NULL, &current) == TF_ERR_INVALID_ARGUMENT);
   CHECK(tf_adam_set_lr(adam, -5) == TF_ERR_INVALID_ARGUMENT);
 
   /* The device params and the master weights equal the reference, bit for bit. */

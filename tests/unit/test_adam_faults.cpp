@@ -4,6 +4,7 @@
 // the step is complete, never in between; nothing leaks; and the run goes on to end bit for
 // bit where a fault-free run ends.
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -352,6 +353,92 @@ TEST_CASE("a stalled stream delays the step, which then completes (there is no t
       REQUIRE(rig.state() == reference.state());
       REQUIRE(rig.params() == reference.params());
     }
+  }
+}
+
+TEST_CASE("a stall past device_timeout_s fails the step as not applied; the retry runs after it",
+          "[adam][faults][timing]") {
+  using namespace std::chrono_literals;
+  auto gen = test::rng(1108);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  // The timeout covers the work the step depends on before it changes anything: the backward
+  // pass (compute), and in cpu mode the grads' copy (d2h).
+  const std::vector<std::pair<adam_mode, int>> cases = {
+      {adam_mode::cpu, 0}, {adam_mode::cpu, 2}, {adam_mode::streamed, 0}};
+  for (const auto& [mode, which] : cases) {
+    auto plan = test::random_adam_plan(gen, mode, 3000);
+    for (auto& g : plan.groups) {
+      for (auto& p : g) {
+        p.on_host = false;
+      }
+    }
+    plan.options.device_timeout_s = 0.02 + 0.01 * static_cast<double>(uniform(gen, 0, 3));
+    adam_rig reference(plan);
+    adam_rig rig(plan);
+    reference.build(policy);
+    rig.build(policy);
+    auto& dev = rig.dev();
+    stream& stalled = which == 0 ? dev.compute_stream() : dev.d2h_stream();
+    INFO("stalled " << stalled.name() << ", " << plan.describe());
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      reference.set_grads(s);
+      rig.set_grads(s);
+      REQUIRE(reference.opt().step().applied);
+      if (s != 1) {
+        REQUIRE(rig.opt().step().applied);
+        continue;
+      }
+      const auto before = rig.state();
+      const auto stall = 600ms;
+      dev.delay_stream(stalled, stall);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        (void)rig.opt().step();
+        FAIL("a step that waited past its timeout returned");
+      } catch (const adam_step_error& e) {
+        const auto waited = std::chrono::steady_clock::now() - start;
+        INFO(e.what());
+        CHECK(e.result() == adam_step_error::outcome::not_applied);
+        CHECK_THAT(e.what(), Catch::Contains("timed out") && Catch::Contains("device_timeout_s"));
+        // It gave up long before the stall ended.
+        CHECK(waited >= std::chrono::duration<double>(plan.options.device_timeout_s));
+        CHECK(waited < stall - 150ms);
+      }
+      REQUIRE(rig.state() == before);
+      REQUIRE(rig.opt().step_count(0) == s);
+      // Retry (same grads) until the stalled work is done; the copies the timed-out step left
+      // queued must not disturb it.
+      int timeouts = 1;
+      for (;;) {
+        try {
+          const auto r = rig.opt().step();
+          REQUIRE(r.applied);
+          break;
+        } catch (const adam_step_error& e) {
+          INFO(e.what());
+          REQUIRE(e.result() == adam_step_error::outcome::not_applied);
+          REQUIRE(++timeouts < 200);
+          std::this_thread::sleep_for(10ms);
+        }
+      }
+      CHECK(timeouts >= 2);  // the first retry came while the stall went on
+    }
+    REQUIRE(rig.state() == reference.state());
+    REQUIRE(rig.params() == reference.params());
+  }
+}
+
+TEST_CASE("device_timeout_s must be finite and >= 0", "[adam][faults]") {
+  auto gen = test::rng(1109);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  for (double bad : {-1e-3, -static_cast<double>(uniform(gen, 1, 100)), std::nan(""), HUGE_VAL}) {
+    auto plan = test::random_adam_plan(gen, adam_mode::cpu, 500);
+    plan.options.device_timeout_s = bad;
+    adam_rig rig(plan);
+    INFO("device_timeout_s " << bad);
+    CHECK_THROWS_WITH(rig.build(policy), Catch::Contains("device_timeout_s"));
   }
 }
 
