@@ -214,6 +214,16 @@ EOF
     -DCMAKE_PREFIX_PATH="$prefix/usr" \
     -DCMAKE_LIBRARY_ARCHITECTURE=$multiarch
   local rc=$?
+  if [[ $rc -eq 0 ]]; then  # link and run against the unpacked libraries
+    local lib="$prefix/usr/lib/$multiarch"
+    printf '%s\n' '#include <hwloc.h>' '#include <numa.h>' '#include <stdio.h>' \
+      'int main(void) { hwloc_topology_t t; if (hwloc_topology_init(&t) || hwloc_topology_load(t)) return 1;' \
+      '  printf("hwloc %u cores, numa_available %d\n", (unsigned)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE), numa_available());' \
+      '  hwloc_topology_destroy(t); return 0; }' >"$probe/probe.c"
+    cc -I"$prefix/usr/include" "$probe/probe.c" -o "$probe/probe" -L"$lib" -Wl,-rpath-link,"$lib" \
+      -lhwloc -lnuma && LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$probe/probe"
+    rc=$?
+  fi
   rm -rf "$probe"
   return $rc
 }
