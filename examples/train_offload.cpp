@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -314,8 +315,25 @@ class cuda_compute final : public demo_compute {
     check(demo_cuda::device_index(dev.properties().pci_bus_id.c_str(), &index_),
           "cudaDeviceGetByPCIBusId");
     loss_ = static_cast<double*>(dev_.memory().allocate(sizeof(double)));
+    // A copy into pageable memory would block this thread until the forward pass is done.
+    loss_host_ = static_cast<double*>(std::aligned_alloc(page_bytes, page_bytes));
+    if (loss_host_ == nullptr) {
+      dev_.memory().deallocate(loss_, sizeof(double));
+      throw std::bad_alloc();
+    }
+    try {
+      dev_.host_registration().lock(loss_host_, page_bytes);
+    } catch (...) {
+      std::free(loss_host_);
+      dev_.memory().deallocate(loss_, sizeof(double));
+      throw;
+    }
   }
-  ~cuda_compute() override { dev_.memory().deallocate(loss_, sizeof(double)); }
+  ~cuda_compute() override {
+    dev_.host_registration().unlock(loss_host_, page_bytes);
+    std::free(loss_host_);
+    dev_.memory().deallocate(loss_, sizeof(double));
+  }
   cuda_compute(const cuda_compute&) = delete;
   cuda_compute& operator=(const cuda_compute&) = delete;
 
@@ -326,7 +344,8 @@ class cuda_compute final : public demo_compute {
     check(demo_cuda::loss(handle(on), y, target, dy, batch_ * width_,
                           2.0f / static_cast<float>(batch_ * width_), loss_),
           "loss");
-    dev_.copy_async(loss_out, loss_, sizeof(double), copy_kind::d2h, on);
+    dev_.copy_async(loss_host_, loss_, sizeof(double), copy_kind::d2h, on);
+    on.host_callback([loss_out, from = loss_host_] { *loss_out = *from; });
   }
   void backward(stream& on, float* dz, const float* h_out, const float* h_in, const float* w,
                 float* dw, float* dh) override {
@@ -363,8 +382,10 @@ class cuda_compute final : public demo_compute {
   device& dev_;
   std::size_t batch_;
   std::size_t width_;
+  static constexpr std::size_t page_bytes = 4096;
   int index_ = 0;
-  double* loss_ = nullptr;
+  double* loss_ = nullptr;       // device
+  double* loss_host_ = nullptr;  // page-locked
 };
 
 std::unique_ptr<demo_compute> make_compute(device& dev, std::size_t batch, std::size_t width) {
