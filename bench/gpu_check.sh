@@ -264,12 +264,15 @@ done
 if [[ $no_gpu -eq 0 ]]; then
   step ctest_cuda 120 ctest --test-dir "$build_dir" -L cuda --output-on-failure
   step device_bench 60 "$device_bench" --device cuda --samples 7 --copy-mib 256
-  step bench 90 "$cli" bench --device cuda --case h2d_,d2h_,bidir_,adam_ --link-mib 256 \
-    --samples 5 --json
-  step gpu_adam 90 "$adam_bench" --device cuda --params 256M --link-bytes 1G --samples 5 --json
-  step torch_adam 90 python3 "$here/bench/torch_gpu_adam.py" --params 256M --samples 5 --json
-  model=(--layers 16 --width 4096 --batch 64)
-  step tune 90 "$cli" tune "${model[@]}" --steps 4 --warmup 1 --windows 1,2,3 \
+  step bench 60 "$cli" bench --device cuda --case h2d_,d2h_,bidir_,adam_ --link-mib 128 \
+    --samples 3 --json
+  # Streamed Adam and torch's AdamW at the same parameter count (128 Mi: 1.5 GiB of state).
+  step gpu_adam 60 "$adam_bench" --device cuda --params 128M --link-bytes 1G --samples 5 --json
+  step torch_adam 60 python3 "$here/bench/torch_gpu_adam.py" --params 128M --samples 5 --json
+  # 12 layers x 4096: 768 MiB of weights streamed per pass, 201 M params in the CPU Adam
+  # (env GPU_CHECK_MODEL overrides: e.g. '--layers 8 --width 8192 --batch 64').
+  read -r -a model <<<"${GPU_CHECK_MODEL:---layers 12 --width 4096 --batch 64}"
+  step tune 75 "$cli" tune "${model[@]}" --steps 3 --warmup 1 --windows 1,2,3 \
     --adam-chunks 1048576 --adam-modes cpu --json
 else
   export TIERFLOW_EMU_LINK=${TIERFLOW_EMU_LINK:-h2d=20GB/s,d2h=20GB/s,latency=2us}
@@ -287,7 +290,7 @@ window=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["recomm
   "$out/tune.out" 2>/dev/null || echo 2)
 say "demo at the window tune picked: $window"
 if [[ $no_gpu -eq 0 ]]; then
-  step demo 120 "$cli" demo --device cuda "${model[@]}" --samples 256 --steps 15 --window "$window" \
+  step demo 90 "$cli" demo --device cuda "${model[@]}" --samples 256 --steps 15 --window "$window" \
     --log-every 5 --json --out "$out/demo"
   # The whole suite with the time left (the cuda tests ran above; the VM test needs QEMU and
   # the dry run of this script is CI's).
