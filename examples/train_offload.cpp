@@ -744,10 +744,16 @@ int run_demo(const demo_options& o) {
         "%.2f), stall %.1f %%\n",
         static_cast<unsigned long long>(s.window), s.step_time_s * 1e3, s.lower_bound_s * 1e3,
         s.overlap_efficiency, 100.0 * s.stall_fraction);
-    std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (%s)\n", s.h2d.achieved_gbps(),
-                s.h2d_gbps,
-                dev->properties().backend == "emulated" ? "the emulated link's cap"
-                                                        : "the link's bandwidth");
+    if (dev->properties().backend == "emulated") {
+      std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the emulated link's cap)\n",
+                  s.h2d.achieved_gbps(), s.h2d_gbps);
+    } else if (s.h2d_gbps > 0) {
+      std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the link's bandwidth)\n",
+                  s.h2d.achieved_gbps(), s.h2d_gbps);
+    } else {
+      std::printf("link: h2d achieved %.2f GB/s (the link's bandwidth is not known)\n",
+                  s.h2d.achieved_gbps());
+    }
     std::printf("adam: mode %s (%s), kernel %s, %.1f ms per step\n",
                 std::string(to_string(run.adam->mode)).c_str(), run.adam->mode_reason.c_str(),
                 std::string(to_string(run.adam->kernel)).c_str(),
