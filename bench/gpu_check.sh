@@ -172,7 +172,10 @@ set_environment() {
   export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  if ! ldconfig -p 2>/dev/null | grep -q 'libudev.so.1 '; then
+  # (LD_LIBRARY_PATH wins over the system's directories: add it only where it is missing.)
+  if ! { PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libudev.so.1 ' ||
+    compgen -G "/lib/$multiarch/libudev.so.1" || compgen -G "/usr/lib/$multiarch/libudev.so.1" ||
+    compgen -G "/usr/lib64/libudev.so.1"; } >/dev/null; then
     export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$prefix/fallback/usr/lib/$multiarch"
     export LIBRARY_PATH="$LIBRARY_PATH:$prefix/fallback/usr/lib/$multiarch"
   fi
@@ -220,7 +223,7 @@ EOF
       'int main(void) { hwloc_topology_t t; if (hwloc_topology_init(&t) || hwloc_topology_load(t)) return 1;' \
       '  printf("hwloc %u cores, numa_available %d\n", (unsigned)hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE), numa_available());' \
       '  hwloc_topology_destroy(t); return 0; }' >"$probe/probe.c"
-    cc -I"$prefix/usr/include" "$probe/probe.c" -o "$probe/probe" -L"$lib" -Wl,-rpath-link,"$lib" \
+    "${CC:-cc}" -I"$prefix/usr/include" "$probe/probe.c" -o "$probe/probe" -L"$lib" -Wl,-rpath-link,"$lib" \
       -lhwloc -lnuma && LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$probe/probe"
     rc=$?
   fi
