@@ -169,6 +169,8 @@ set_environment() {
   export PATH="$prefix/usr/bin:$PATH"
   export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  # Debian's multiarch directory, which CMake only searches where the compiler is Debian's.
+  export CMAKE_LIBRARY_PATH="$lib${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}"
   export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
