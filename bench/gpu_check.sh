@@ -257,6 +257,7 @@ if [[ $no_gpu -eq 0 && -z $build_dir ]]; then
     -DTIERFLOW_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 &&
     step build 300 cmake --build "$build_dir" -j "$jobs"
 fi
+mkdir -p "$build_dir"  # a failed configure still gets its table
 build_dir=$(cd "$build_dir" && pwd) || exit 2
 cli="$build_dir/bench/tierflow"
 device_bench="$build_dir/bench/tierflow-device-bench"
