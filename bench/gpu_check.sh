@@ -26,6 +26,7 @@ set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=run
 no_gpu=0
+skip_without_debs=0
 build_dir=""
 out=${OUT:-./gpu-out}
 debs="$here/.gpu-debs"
@@ -38,8 +39,9 @@ packages=(libhwloc-dev libhwloc15 libltdl-dev libltdl7 libudev1 libnuma-dev libn
   libcli11-dev nlohmann-json3-dev pkgconf pkgconf-bin libpkgconf3 pkg-config)
 
 usage() {
-  sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -uo/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "options: --fetch-debs | --no-gpu | --build-dir DIR | --out DIR | --debs DIR |"
+  echo "         --skip-without-debs (exit 77 at once when there are no .deb files) |"
   echo "         --prefix DIR (under /tmp) | --budget SECONDS"
 }
 
@@ -47,6 +49,7 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --fetch-debs) mode=fetch ;;
     --no-gpu) no_gpu=1 ;;
+    --skip-without-debs) skip_without_debs=1 ;;
     --build-dir) build_dir=${2:?--build-dir needs a folder}; shift ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     --debs) debs=${2:?--debs needs a folder}; shift ;;
@@ -137,6 +140,9 @@ step() {
 have_debs=0
 if compgen -G "$debs/*.deb" >/dev/null; then
   have_debs=1
+elif [[ $skip_without_debs -eq 1 ]]; then
+  echo "SKIPPED: no .deb files in $debs (bash bench/gpu_check.sh --fetch-debs)"
+  exit 77
 fi
 if [[ $no_gpu -eq 1 ]]; then
   prefix=$(mktemp -d /tmp/tierflow-prefix.XXXXXX)
