@@ -5,7 +5,8 @@
 // The task: regression onto a fixed random teacher network (two tanh layers) over a fixed set
 // of inputs, so the loss really falls. Each iteration is one plan pass: forward layer 0 .. L-1,
 // then backward L-1 .. 0, each step reading its layer's weights from a staging slot, the
-// compute stream doing the math (on the emulated device: host callbacks over its memory).
+// compute stream doing the math through demo_compute: on the emulated device host callbacks
+// over its memory, on a CUDA device the kernels of demo_kernels.cu on its compute stream.
 // Then the scheduler is flushed (the host copies are about to change) and offload_adam steps:
 // the grads come down, the update runs in the tier, the new weights land in the host copies.
 //
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "demo_kernels.hpp"
 #include "format.hpp"
 #include "svg_chart.hpp"
 #include "tierflow/device.hpp"
@@ -194,31 +197,203 @@ struct resident_adam {
   adam_hyper hyper;
   std::uint64_t steps = 0;
   std::vector<float*> m, v;  // HBM-resident moments, one per layer
-  void step(const std::vector<float*>& params, const std::vector<float*>& grads, std::size_t n) {
+  // The next step's scalars (and the step count moves on).
+  demo_cuda::adam_scalars next_step() {
     ++steps;
     const double t = static_cast<double>(steps);
-    const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-    const float b1 = static_cast<float>(hyper.beta1);
-    const float omb1 = static_cast<float>(1.0 - hyper.beta1);
-    const float b2 = static_cast<float>(hyper.beta2);
-    const float omb2 = static_cast<float>(1.0 - hyper.beta2);
-    const float neg_step = static_cast<float>(-(hyper.lr / (1.0 - std::pow(hyper.beta1, t))));
-    const float bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(hyper.beta2, t)));
-    const float eps = static_cast<float>(hyper.eps);
-    for (std::size_t l = 0; l < params.size(); ++l) {
-      float* p = params[l];
-      const float* g = grads[l];
-      for (std::size_t i = 0; i < n; ++i) {
-        const float gi = g[i] * 1.0f;
-        float pi = p[i] * decay;
-        m[l][i] = m[l][i] * b1 + omb1 * gi;
-        v[l][i] = v[l][i] * b2 + omb2 * gi * gi;
-        pi = pi + neg_step * m[l][i] / (std::sqrt(v[l][i]) / bc2 + eps);
-        p[i] = pi;
-      }
+    demo_cuda::adam_scalars s;
+    s.decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+    s.beta1 = static_cast<float>(hyper.beta1);
+    s.one_minus_beta1 = static_cast<float>(1.0 - hyper.beta1);
+    s.beta2 = static_cast<float>(hyper.beta2);
+    s.one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
+    s.neg_step = static_cast<float>(-(hyper.lr / (1.0 - std::pow(hyper.beta1, t))));
+    s.bias_correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(hyper.beta2, t)));
+    s.eps = static_cast<float>(hyper.eps);
+    return s;
+  }
+  // One tensor's update on the host (demo_kernels.cu's adam_kernel does the same operations).
+  static void update(const demo_cuda::adam_scalars& s, float* p, const float* g, float* m, float* v,
+                     std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = g[i] * 1.0f;
+      float pi = p[i] * s.decay;
+      m[i] = m[i] * s.beta1 + s.one_minus_beta1 * gi;
+      v[i] = v[i] * s.beta2 + s.one_minus_beta2 * gi * gi;
+      pi = pi + s.neg_step * m[i] / (std::sqrt(v[i]) / s.bias_correction2 + s.eps);
+      p[i] = pi;
     }
   }
 };
+
+// ---- where the math runs -------------------------------------------------------------------
+
+// The demo's math for one model shape, enqueued on a stream of the device that holds the
+// buffers (all pointers are device pointers): each call runs after the stream's earlier work.
+class demo_compute {
+ public:
+  virtual ~demo_compute() = default;
+  /** z = h wᵀ over the batch, then tanh in place when @p apply_tanh. */
+  virtual void forward(stream& on, const float* h, const float* w, float* z, bool apply_tanh) = 0;
+  /** dy = 2 (y - t) / count; the mean squared error lands in the host double @p loss_out once
+   *  @p on has run this far. */
+  virtual void loss(stream& on, const float* y, const float* target, float* dy,
+                    double* loss_out) = 0;
+  /** Through the tanh (dz ⊙= 1 - h_out², when @p h_out is not null), then dw = dzᵀ h_in and,
+   *  when @p dh is not null, dh = dz w. */
+  virtual void backward(stream& on, float* dz, const float* h_out, const float* h_in,
+                        const float* w, float* dw, float* dh) = 0;
+  /** One step of the resident Adam over every layer. */
+  virtual void adam_step(stream& on, resident_adam& adam, const std::vector<float*>& params,
+                         const std::vector<float*>& grads, std::size_t n) = 0;
+  /** p[0 .. n) = 0. */
+  virtual void zero(stream& on, float* p, std::size_t n) = 0;
+};
+
+// The emulated device: the host code above as host callbacks over its (host) memory.
+class host_compute final : public demo_compute {
+ public:
+  host_compute(std::size_t batch, std::size_t width) : batch_(batch), width_(width) {}
+  void forward(stream& on, const float* h, const float* w, float* z, bool apply_tanh) override {
+    on.host_callback([batch = batch_, width = width_, h, w, z, apply_tanh] {
+      forward_matmul(h, w, z, batch, width);
+      if (apply_tanh) {
+        for (std::size_t i = 0; i < batch * width; ++i) {
+          z[i] = std::tanh(z[i]);
+        }
+      }
+    });
+  }
+  void loss(stream& on, const float* y, const float* target, float* dy, double* loss_out) override {
+    on.host_callback([count = batch_ * width_, y, target, dy, loss_out] {
+      // The mean squared error over the batch's outputs, and its gradient.
+      double loss = 0;
+      const float scale = 2.0f / static_cast<float>(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const float d = y[i] - target[i];
+        loss += static_cast<double>(d) * d;
+        dy[i] = scale * d;
+      }
+      *loss_out = loss / static_cast<double>(count);
+    });
+  }
+  void backward(stream& on, float* dz, const float* h_out, const float* h_in, const float* w,
+                float* dw, float* dh) override {
+    on.host_callback([batch = batch_, width = width_, dz, h_out, h_in, w, dw, dh] {
+      if (h_out != nullptr) {  // through the tanh: dz = dh ⊙ (1 - h²)
+        for (std::size_t i = 0; i < batch * width; ++i) {
+          const float h = h_out[i];
+          dz[i] = dz[i] * (1.0f - h * h);
+        }
+      }
+      backward_matmul(dz, h_in, w, dw, dh, batch, width);
+    });
+  }
+  void adam_step(stream& on, resident_adam& adam, const std::vector<float*>& params,
+                 const std::vector<float*>& grads, std::size_t n) override {
+    on.host_callback([&adam, params, grads, n] {
+      const auto s = adam.next_step();
+      for (std::size_t l = 0; l < params.size(); ++l) {
+        resident_adam::update(s, params[l], grads[l], adam.m[l], adam.v[l], n);
+      }
+    });
+  }
+  void zero(stream& on, float* p, std::size_t n) override {
+    on.host_callback([p, n] { std::fill(p, p + n, 0.0f); });
+  }
+
+ private:
+  std::size_t batch_;
+  std::size_t width_;
+};
+
+// A CUDA device: demo_kernels.cu on the stream's cudaStream_t (stream::native_handle()).
+class cuda_compute final : public demo_compute {
+ public:
+  cuda_compute(device& dev, std::size_t batch, std::size_t width)
+      : dev_(dev), batch_(batch), width_(width) {
+    check(demo_cuda::device_index(dev.properties().pci_bus_id.c_str(), &index_),
+          "cudaDeviceGetByPCIBusId");
+    loss_ = static_cast<double*>(dev_.memory().allocate(sizeof(double)));
+    // A copy into pageable memory would block this thread until the forward pass is done.
+    loss_host_ = static_cast<double*>(std::aligned_alloc(page_bytes, page_bytes));
+    if (loss_host_ == nullptr) {
+      dev_.memory().deallocate(loss_, sizeof(double));
+      throw std::bad_alloc();
+    }
+    try {
+      dev_.host_registration().lock(loss_host_, page_bytes);
+    } catch (...) {
+      std::free(loss_host_);
+      dev_.memory().deallocate(loss_, sizeof(double));
+      throw;
+    }
+  }
+  ~cuda_compute() override {
+    dev_.host_registration().unlock(loss_host_, page_bytes);
+    std::free(loss_host_);
+    dev_.memory().deallocate(loss_, sizeof(double));
+  }
+  cuda_compute(const cuda_compute&) = delete;
+  cuda_compute& operator=(const cuda_compute&) = delete;
+
+  void forward(stream& on, const float* h, const float* w, float* z, bool apply_tanh) override {
+    check(demo_cuda::forward(handle(on), h, w, z, batch_, width_, apply_tanh), "forward");
+  }
+  void loss(stream& on, const float* y, const float* target, float* dy, double* loss_out) override {
+    check(demo_cuda::loss(handle(on), y, target, dy, batch_ * width_,
+                          2.0f / static_cast<float>(batch_ * width_), loss_),
+          "loss");
+    dev_.copy_async(loss_host_, loss_, sizeof(double), copy_kind::d2h, on);
+    on.host_callback([loss_out, from = loss_host_] { *loss_out = *from; });
+  }
+  void backward(stream& on, float* dz, const float* h_out, const float* h_in, const float* w,
+                float* dw, float* dh) override {
+    check(demo_cuda::backward(handle(on), dz, h_out, h_in, w, dw, dh, batch_, width_), "backward");
+  }
+  void adam_step(stream& on, resident_adam& adam, const std::vector<float*>& params,
+                 const std::vector<float*>& grads, std::size_t n) override {
+    const auto s = adam.next_step();
+    for (std::size_t l = 0; l < params.size(); ++l) {
+      check(demo_cuda::adam(handle(on), params[l], grads[l], adam.m[l], adam.v[l], n, s), "adam");
+    }
+  }
+  void zero(stream& on, float* p, std::size_t n) override {
+    check(demo_cuda::zero(handle(on), p, n), "zero");
+  }
+
+ private:
+  void* handle(stream& on) {
+    void* h = on.native_handle();
+    if (h == nullptr) {
+      throw device_error("demo: the CUDA kernels need a stream of a CUDA device, not '" +
+                         std::string(on.name()) + "'");
+    }
+    check(demo_cuda::set_device(index_), "cudaSetDevice");
+    return h;
+  }
+  static void check(int code, const char* what) {
+    if (code != 0) {
+      throw device_error(std::string("demo: ") + what +
+                         " kernel launch failed: " + demo_cuda::error_string(code));
+    }
+  }
+
+  device& dev_;
+  std::size_t batch_;
+  std::size_t width_;
+  static constexpr std::size_t page_bytes = 4096;
+  int index_ = 0;
+  double* loss_ = nullptr;       // device
+  double* loss_host_ = nullptr;  // page-locked
+};
+
+std::unique_ptr<demo_compute> make_compute(device& dev, std::size_t batch, std::size_t width) {
+  if (dev.properties().backend == "cuda") {
+    return std::make_unique<cuda_compute>(dev, batch, width);
+  }
+  return std::make_unique<host_compute>(batch, width);
+}
 
 struct run_result {
   std::vector<std::vector<float>> final_weights;
@@ -235,15 +410,26 @@ struct run_result {
   double seconds = 0;
 };
 
+// `auto`: the first CUDA device when one is usable, else the emulated one (@p note says why);
+// `cuda` / `cuda:N`: that device or a bad-input error saying why not; `emulated`.
 std::unique_ptr<device> open_demo_device(const demo_options& o, std::string& note) {
-  std::string spec = o.device;
-  if (spec == "auto") {
-    // The demo's layer math runs as host callbacks over device memory, which only the emulated
-    // device can dereference; the GPU kernels for it are not written yet.
-    spec = "emulated";
-    note = "the demo's compute runs on the emulated device (its CUDA kernels are not written yet)";
-  } else if (spec != "emulated") {
-    throw input_error("--device", "the demo runs on the emulated device only so far", spec);
+  const std::string& spec = o.device;
+  const bool wants_cuda = spec == "cuda" || spec.rfind("cuda:", 0) == 0;
+  if (spec != "auto" && spec != "emulated" && !wants_cuda) {
+    throw input_error("--device", "expected auto, emulated, cuda or cuda:N", spec);
+  }
+  if (spec == "auto" || wants_cuda) {
+    try {
+      return open_device(spec == "auto" ? std::string("cuda") : spec);
+    } catch (const input_error&) {
+      throw input_error("--device", "expected auto, emulated, cuda or cuda:N", spec);
+    } catch (const device_error& e) {
+      if (wants_cuda) {
+        throw input_error("--device", std::string("no usable CUDA device (") + e.what() + ")",
+                          spec);
+      }
+      note = std::string("no usable CUDA device (") + e.what() + "); using the emulated device";
+    }
   }
   emulated_device_options eo;
   eo.link = o.emu_link.empty() ? link_model::from_environment()
@@ -313,6 +499,7 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
     grads.push_back(buf.floats(n));
   }
   std::vector<float> pinned_x(o.batch * w), pinned_t(o.batch * w);  // the batch, host side
+  const auto math = make_compute(dev, o.batch, w);
 
   adam_hyper hyper;
   hyper.lr = o.lr;
@@ -324,8 +511,8 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
     for (std::size_t l = 0; l < o.layers; ++l) {
       reference.m.push_back(buf.floats(n));
       reference.v.push_back(buf.floats(n));
-      std::fill(reference.m.back(), reference.m.back() + n, 0.0f);
-      std::fill(reference.v.back(), reference.v.back() + n, 0.0f);
+      math->zero(dev.compute_stream(), reference.m.back(), n);
+      math->zero(dev.compute_stream(), reference.v.back(), n);
     }
   } else {
     adam_group group;
@@ -366,24 +553,10 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
       const staged_step& st = sched.acquire(l);
       const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
       const bool last = l + 1 == o.layers;
-      st.compute().host_callback([&, wl, l, last] {
-        forward_matmul(acts[l], wl, acts[l + 1], o.batch, w);
-        if (!last) {
-          for (std::size_t i = 0; i < o.batch * w; ++i) {
-            acts[l + 1][i] = std::tanh(acts[l + 1][i]);
-          }
-          return;
-        }
-        // The loss and its gradient: mean squared error over the batch's outputs.
-        double loss = 0;
-        const float scale = 2.0f / static_cast<float>(o.batch * w);
-        for (std::size_t i = 0; i < o.batch * w; ++i) {
-          const float d = acts[l + 1][i] - target[i];
-          loss += static_cast<double>(d) * d;
-          dh_a[i] = scale * d;
-        }
-        loss_slot[0] = loss / static_cast<double>(o.batch * w);
-      });
+      math->forward(st.compute(), acts[l], wl, acts[l + 1], !last);
+      if (last) {
+        math->loss(st.compute(), acts[l + 1], target, dh_a, loss_slot.data());
+      }
       sched.release(l, false);
     }
     for (std::size_t k = 0; k < o.layers; ++k) {
@@ -392,15 +565,8 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
       const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
       float* dz = k % 2 == 0 ? dh_a : dh_b;
       float* dh_next = k % 2 == 0 ? dh_b : dh_a;
-      st.compute().host_callback([&, wl, l, dz, dh_next] {
-        if (l + 1 != o.layers) {  // through the tanh: dz = dh ⊙ (1 - h²)
-          for (std::size_t i = 0; i < o.batch * w; ++i) {
-            const float h = acts[l + 1][i];
-            dz[i] = dz[i] * (1.0f - h * h);
-          }
-        }
-        backward_matmul(dz, acts[l], wl, grads[l], l == 0 ? nullptr : dh_next, o.batch, w);
-      });
+      math->backward(st.compute(), dz, l + 1 != o.layers ? acts[l + 1] : nullptr, acts[l], wl,
+                     grads[l], l == 0 ? nullptr : dh_next);
       sched.release(o.layers + k, false);
     }
     if (resident) {
@@ -408,7 +574,7 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
       for (std::size_t l = 0; l < o.layers; ++l) {
         params.push_back(static_cast<float*>(sched.resident_pointer(static_cast<buffer_id>(l))));
       }
-      compute.host_callback([&, params] { reference.step(params, grads, n); });
+      math->adam_step(compute, reference, params, grads, n);
       compute.synchronize();
     } else {
       sched.flush();  // the host copies change next: nothing may stay staged
@@ -438,11 +604,17 @@ run_result train(const demo_options& o, device& dev, const topology& topo, bool 
   result.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   sched.flush();
   for (std::size_t l = 0; l < o.layers; ++l) {
-    const float* src =
-        resident ? static_cast<const float*>(sched.resident_pointer(static_cast<buffer_id>(l)))
-                 : static_cast<const float*>(host_weights[l].data());
-    result.final_weights.emplace_back(src, src + n);
+    if (resident) {  // device memory: copied down
+      result.final_weights.emplace_back(n);
+      dev.copy_async(result.final_weights.back().data(),
+                     sched.resident_pointer(static_cast<buffer_id>(l)), layer_bytes, copy_kind::d2h,
+                     compute);
+    } else {
+      const auto* src = static_cast<const float*>(host_weights[l].data());
+      result.final_weights.emplace_back(src, src + n);
+    }
   }
+  compute.synchronize();
   result.sched = sched.metrics();
   result.sched_json = sched.snapshot_json();
   result.prometheus = sched.prometheus_text();
@@ -572,8 +744,16 @@ int run_demo(const demo_options& o) {
         "%.2f), stall %.1f %%\n",
         static_cast<unsigned long long>(s.window), s.step_time_s * 1e3, s.lower_bound_s * 1e3,
         s.overlap_efficiency, 100.0 * s.stall_fraction);
-    std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the emulated link's cap)\n",
-                s.h2d.achieved_gbps(), s.h2d_gbps);
+    if (dev->properties().backend == "emulated") {
+      std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the emulated link's cap)\n",
+                  s.h2d.achieved_gbps(), s.h2d_gbps);
+    } else if (s.h2d_gbps > 0) {
+      std::printf("link: h2d achieved %.2f GB/s of %.2f GB/s (the link's bandwidth)\n",
+                  s.h2d.achieved_gbps(), s.h2d_gbps);
+    } else {
+      std::printf("link: h2d achieved %.2f GB/s (the link's bandwidth is not known)\n",
+                  s.h2d.achieved_gbps());
+    }
     std::printf("adam: mode %s (%s), kernel %s, %.1f ms per step\n",
                 std::string(to_string(run.adam->mode)).c_str(), run.adam->mode_reason.c_str(),
                 std::string(to_string(run.adam->kernel)).c_str(),
@@ -883,7 +1063,9 @@ action add_demo_command(CLI::App& app) {
   cmd->add_option("--emu-link", o->emu_link,
                   "Emulated link, e.g. 'h2d=25GB/s,d2h=25GB/s,latency=10us' (else "
                   "TIERFLOW_EMU_LINK)");
-  cmd->add_option("--device", o->device, "auto or emulated")->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "auto (CUDA device 0 when usable, else emulated), cuda, cuda:N or emulated")
+      ->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
   cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")
       ->capture_default_str()

@@ -110,6 +110,12 @@ class stream {
   virtual void synchronize() = 0;
   /** @brief e.g. `compute`, `h2d`, `d2h`. */
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  /**
+   * @brief The backend's own handle of this stream, for launching one's own work in its order:
+   * the `cudaStream_t` of a CUDA stream (valid while the stream lives; the caller makes its
+   * device current), nullptr on the emulated device (use host_callback() there).
+   */
+  [[nodiscard]] virtual void* native_handle() const noexcept { return nullptr; }
 };
 
 /** @brief A device backend. Thread-safe: any thread may enqueue on any stream. */

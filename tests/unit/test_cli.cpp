@@ -13,6 +13,7 @@
 
 #include "test_support.hpp"
 #include "tierflow/detail/parse.hpp"
+#include "tierflow/device.hpp"
 
 using nlohmann::json;
 
@@ -217,7 +218,8 @@ TEST_CASE("demo trains with offload, writes its files and verifies bit for bit",
   const auto r = run_cli(
       {"demo",      "--layers", "3",       "--width",  "64",     "--batch", "16",
        "--samples", "64",       "--steps", "120",      "--lr",   "3e-3",    "--window",
-       "1",         "--seed",   seed,      "--verify", "--json", "--out",   dir.path().string()},
+       "1",         "--seed",   seed,      "--verify", "--json", "--out",   dir.path().string(),
+       "--device",  "emulated"},
       "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
   INFO("stderr: " << r.err << "\nstdout: " << r.out);
   REQUIRE(r.exit_code == 0);
@@ -258,6 +260,20 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(run_cli({"demo", "--samples", "4", "--batch", "8"}), "--samples");
   check_one_line_error(run_cli({"demo", "--device", "cuda:7"}), "--device");
   check_one_line_error(run_cli({"demo", "--lr", "-1"}), "--lr");
+  check_one_line_error(run_cli({"demo", "--device", "gpu"}), "--device");
+}
+
+TEST_CASE("demo --device cuda without a usable GPU is one line and exit code 2", "[cli][demo]") {
+  try {
+    (void)tierflow::open_device("cuda");
+    SUCCEED("a CUDA device is usable here: the cuda-labelled demo_cuda test runs the demo on it");
+    return;
+  } catch (const tierflow::device_error&) {
+  }
+  const auto r = run_cli({"demo", "--device", "cuda", "--steps", "1", "--layers", "1", "--width",
+                          "8", "--batch", "4", "--samples", "4"});
+  check_one_line_error(r, "--device");
+  CHECK_THAT(r.err, Catch::Contains("no usable CUDA device"));
 }
 
 TEST_CASE("tune sweeps window x chunk, marks the Pareto front and recommends within the budget",

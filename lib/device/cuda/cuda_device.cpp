@@ -141,6 +141,7 @@ class cuda_stream final : public stream {
     }
   }
   std::string_view name() const noexcept override { return name_; }
+  void* native_handle() const noexcept override { return stream_; }
   cudaStream_t handle() const noexcept { return stream_; }
 
  private:
