@@ -85,8 +85,10 @@ if [[ $mode == fetch ]]; then
       echo "$ignored" >>"$exclude"
     fi
   done
-  (cd "$debs" && apt-get download "${packages[@]}") || {
-    echo "gpu_check: error: apt-get download failed (run apt-get update?)" >&2
+  # A fresh machine has no package lists yet: update them once when the download fails.
+  (cd "$debs" && apt-get download "${packages[@]}") ||
+    { apt-get update -qq && (cd "$debs" && apt-get download "${packages[@]}"); } || {
+    echo "gpu_check: error: apt-get download failed" >&2
     exit 1
   }
   echo "gpu_check: $(ls "$debs"/*.deb | wc -l) packages in $debs:"

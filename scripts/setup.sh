@@ -9,7 +9,7 @@ tierflow_packages=(
   libhwloc-dev libnuma-dev
   catch2 libcli11-dev nlohmann-json3-dev
   qemu-system-x86 busybox-static cpio python3
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format
 )
 
 tierflow_install_packages() {

@@ -253,7 +253,7 @@ tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
       if (applied != nullptr) {
         *applied = e.result() == tierflow::adam_step_error::outcome::applied   ? 1
                    : e.result() == tierflow::adam_step_error::outcome::pending ? 2
-                                                                                : 0;
+                                                                               : 0;
       }
       throw;
     }

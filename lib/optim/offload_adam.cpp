@@ -165,8 +165,8 @@ step_deadline deadline_after(double seconds) {
   if (seconds <= 0) {
     return std::nullopt;
   }
-  return clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                 std::chrono::duration<double>(seconds));
+  return clock_type::now() +
+         std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
 }
 
 // Waits for @p e: as long as it takes without a deadline, else polling until the deadline
