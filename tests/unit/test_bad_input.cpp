@@ -158,6 +158,26 @@ TEST_CASE("bad input: pool deallocate of a foreign pointer or the wrong size is 
   CHECK(pool.allocated_bytes() == 0);  // the pool's own record of the block is what it frees
 }
 
+TEST_CASE("bad input: a limit_resource given back more than it holds logs and does not wrap",
+          "[bad_input][memory]") {
+  auto gen = test::rng(0xbad2);
+  heap_resource heap;
+  limit_resource limit(heap, 8 * mib, "tier x");
+  const auto bytes = std::uniform_int_distribution<std::size_t>(64, mib)(gen);
+  void* p = limit.allocate(bytes);
+  {
+    test::captured_log log;
+    limit.deallocate(p, bytes + 64);  // a caller bug: more than it was given
+    CHECK_THAT(log.text(), Catch::Contains("tier x"));
+    CHECK_THAT(log.text(), Catch::Contains(std::to_string(bytes + 64)));
+  }
+  CHECK(limit.used_bytes() == 0);
+  CHECK(limit.available_bytes() == 8 * mib);
+  void* q = limit.allocate(8 * mib);  // the whole limit is usable again
+  limit.deallocate(q, 8 * mib);
+  CHECK(heap.live == 0);
+}
+
 TEST_CASE("bad input: the name parsers return nothing for unknown names", "[bad_input]") {
   auto gen = test::rng(0xbad7);
   const std::string junk = "x" + std::to_string(gen() % 100000);
