@@ -178,6 +178,50 @@ TEST_CASE("bad input: a limit_resource given back more than it holds logs and do
   CHECK(heap.live == 0);
 }
 
+TEST_CASE("bad input: pool options and reserve beyond any cap are refused with nothing taken",
+          "[bad_input][memory]") {
+  numa_resource numa(on_node0());
+  statistics_resource upstream(numa);
+  CHECK_THROWS_WITH(pool_resource(upstream, pool_options{0, 0, 0}),
+                    Catch::Contains("chunk_bytes must be above 0"));
+  SECTION("a reserve whose rounding overflows") {
+    pool_resource pool(upstream, pool_options{4 * mib, 0, 0});
+    for (std::uint64_t bytes : {std::numeric_limits<std::uint64_t>::max(),
+                                std::numeric_limits<std::uint64_t>::max() - 4 * mib + 2}) {
+      INFO("bytes " << bytes);
+      try {
+        pool.reserve(bytes);
+        FAIL("no error");
+      } catch (const out_of_capacity& e) {
+        CHECK(e.requested_bytes() == bytes);
+        CHECK_THAT(e.what(), Catch::Contains(pool.name()));
+      }
+      CHECK(pool.upstream_bytes() == 0);
+      CHECK(upstream.bytes().current == 0);
+    }
+  }
+  SECTION("a reserve beyond max_bytes") {
+    auto gen = test::rng(0xbad3);
+    const std::size_t chunk = 4 * mib;
+    const std::uint64_t cap = 4 * chunk;
+    pool_resource pool(upstream, pool_options{chunk, cap, 0});
+    const auto bytes = std::uniform_int_distribution<std::uint64_t>(cap + 1, 4 * cap)(gen);
+    INFO("bytes " << bytes);
+    try {
+      pool.reserve(bytes, 2);
+      FAIL("no error");
+    } catch (const out_of_capacity& e) {
+      CHECK(e.requested_bytes() == bytes);
+      REQUIRE(e.tiers().size() == 1);
+      CHECK(e.tiers()[0].free_bytes == cap);
+    }
+    CHECK(pool.upstream_bytes() == 0);  // nothing taken before the refusal
+    CHECK(upstream.bytes().current == 0);
+    pool.reserve(cap);  // what fits still does
+    CHECK(pool.upstream_bytes() == cap);
+  }
+}
+
 TEST_CASE("bad input: the name parsers return nothing for unknown names", "[bad_input]") {
   auto gen = test::rng(0xbad7);
   const std::string junk = "x" + std::to_string(gen() % 100000);
