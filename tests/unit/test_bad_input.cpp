@@ -222,6 +222,22 @@ TEST_CASE("bad input: pool options and reserve beyond any cap are refused with n
   }
 }
 
+TEST_CASE("bad input: where() of a range that wraps the address space is refused",
+          "[bad_input][memory]") {
+  std::vector<unsigned char> buffer(8192, 1);
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  for (std::size_t bytes : {max, max - address + 3 * 4096}) {
+    INFO("bytes " << bytes);
+    CHECK_THROWS_WITH(where(buffer.data(), bytes), Catch::Contains("where: ") &&
+                                                       Catch::Contains(std::to_string(bytes)) &&
+                                                       Catch::Contains("wraps"));
+  }
+  CHECK(where(nullptr, 4096).total_pages == 0);  // nothing to ask about
+  CHECK(where(buffer.data(), 0).total_pages == 0);
+  CHECK(where(buffer.data(), buffer.size()).total_pages >= 2);
+}
+
 TEST_CASE("bad input: the name parsers return nothing for unknown names", "[bad_input]") {
   auto gen = test::rng(0xbad7);
   const std::string junk = "x" + std::to_string(gen() % 100000);
