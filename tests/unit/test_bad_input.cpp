@@ -288,6 +288,17 @@ TEST_CASE("bad input: settings::get of an unknown key is a programming error and
   CHECK(s.get("tiers")->value == "dram=0");
 }
 
+TEST_CASE("bad input: a configuration path that is a folder is an input_error naming it",
+          "[bad_input][settings]") {
+  test::scratch_dir dir;
+  try {
+    (void)settings::from_file(dir.path());
+    FAIL("no error");
+  } catch (const input_error& e) {
+    CHECK(e.source() == dir.path().string());
+  }
+}
+
 TEST_CASE("bad input: a bad tiers or placement value in a config file names FILE:LINE",
           "[bad_input][settings]") {
   test::scoped_env no_tiers("TIERFLOW_TIERS", nullptr);
