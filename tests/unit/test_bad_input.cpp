@@ -345,6 +345,19 @@ TEST_CASE("bad input: placement_policy and placement_spec calls with bad argumen
                     Catch::Contains("placement weight 0 for tier dram0"));
   CHECK(spec.describe(data_class::params) == before);
 
+  SECTION("allocate of 0 bytes is an empty allocation that counts nothing") {
+    const auto snap = policy.snapshot();
+    auto a = policy.allocate(data_class::params, 0);
+    CHECK_FALSE(a);
+    CHECK(a.size() == 0);
+    const auto after = policy.snapshot();
+    REQUIRE(after.tiers.size() == snap.tiers.size());
+    for (std::size_t i = 0; i < snap.tiers.size(); ++i) {
+      CHECK(after.tiers[i].allocations == snap.tiers[i].allocations);
+      CHECK(after.tiers[i].held_bytes == snap.tiers[i].held_bytes);
+    }
+    CHECK(after.class_bytes == snap.class_bytes);
+  }
   SECTION("attach after allocating from the tier is refused") {
     auto a = policy.allocate(data_class::params, 4096);
     CHECK_THROWS_WITH(policy.attach_resource("dram0", numa),
