@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -238,6 +239,11 @@ void prefetch_scheduler::impl::validate() {
     buffer_state s;
     s.desc = b;
     s.aligned = detail::round_up(b.bytes, o.alignment);
+    // A size near SIZE_MAX would round up to a small number and pass the budget check.
+    TIERFLOW_EXPECTS(s.aligned >= b.bytes &&
+                         resident_bytes <= std::numeric_limits<std::uint64_t>::max() - s.aligned,
+                     "prefetch_scheduler: buffer '" + b.name + "' of " + std::to_string(b.bytes) +
+                         " bytes is too large to stage");
     if (b.resident) {
       resident_bytes += s.aligned;
     }

@@ -446,6 +446,28 @@ TEST_CASE("bad input: transfer_engine routes and pointers", "[bad_input][transfe
 
 // --- schedule ----------------------------------------------------------------------------
 
+TEST_CASE("bad input: a buffer too large to align is refused and not counted as 0 bytes",
+          "[bad_input][scheduler]") {
+  auto dev = small_device();
+  std::vector<unsigned char> small(4096, 1);
+  const std::size_t huge = std::numeric_limits<std::size_t>::max() - 100;
+  schedule_plan plan;
+  plan.add_buffer({"huge", small.data(), huge, false, true});
+  plan.add_step({"use", {0}, {}});
+  scheduler_options o;
+  o.hbm_budget_bytes = mib;
+  const auto free_before = dev->memory_free_bytes();
+  CHECK_THROWS_WITH(prefetch_scheduler(*dev, plan, o),
+                    Catch::Contains("buffer 'huge'") && Catch::Contains("too large"));
+  CHECK(dev->memory_free_bytes() == free_before);
+
+  schedule_model_options m;
+  m.hbm_budget_bytes = mib;
+  m.h2d = m.d2h = link_fit{10.0, 1e-6};
+  CHECK_THROWS_WITH(predict_schedule(plan, {1e-3}, m),
+                    Catch::Contains("buffer 'huge'") && Catch::Contains("too large"));
+}
+
 // --- optim -------------------------------------------------------------------------------
 
 TEST_CASE("bad input: offload_adam accessors out of range and parameter counts too large",
