@@ -494,6 +494,22 @@ TEST_CASE("bad input: offload_adam accessors out of range and parameter counts t
   o.mode = adam_mode::cpu;
   o.threads = 1;
 
+  SECTION("an element count whose state size overflows") {
+    const auto held = policy.snapshot();
+    for (std::size_t elements : {std::numeric_limits<std::size_t>::max() / 4 + 2,
+                                 std::numeric_limits<std::size_t>::max() / 8 + 1}) {
+      auto bad = g;
+      bad.params[0].elements = elements;
+      INFO("elements " << elements);
+      CHECK_THROWS_WITH(offload_adam(*dev, {bad}, o, policy),
+                        Catch::Contains("'w'") && Catch::Contains(std::to_string(elements)) &&
+                            Catch::Contains("too many"));
+    }
+    const auto after = policy.snapshot();
+    for (std::size_t i = 0; i < held.tiers.size(); ++i) {
+      CHECK(after.tiers[i].held_bytes == held.tiers[i].held_bytes);
+    }
+  }
   SECTION("a kernel this CPU lacks, and negative measured rates") {
     for (auto kernel : {adam_kernel::avx2, adam_kernel::avx512}) {
       auto ko = o;
@@ -609,6 +625,11 @@ TEST_CASE("bad input: every C function refuses NULL and bad values with a status
     bad = options;
     bad.loss_scale = 0;
     refused(param, &hyper, 1, 1, &bad, TF_ERR_INVALID_ARGUMENT, "loss_scale");
+  }
+  {
+    auto bad = param;
+    bad.elements = std::numeric_limits<std::size_t>::max() / 4 + 2;
+    refused(bad, &hyper, 1, 1, &options, TF_ERR_INVALID_ARGUMENT, "too many");
   }
   CHECK(tf_adam_create(nullptr, &param, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
   CHECK_THAT(tf_last_error(), Catch::Contains("device is NULL"));
