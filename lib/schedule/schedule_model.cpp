@@ -84,6 +84,10 @@ class pipeline {
                                                    std::to_string(buffers_.size()));
         if (!buffers_[id].resident) {
           m.staged.push_back(id);
+          TIERFLOW_EXPECTS(
+              m.staged_bytes <= std::numeric_limits<std::uint64_t>::max() - buffers_[id].aligned,
+              "predict_schedule: step '" + st.name +
+                  "' stages too large a total (its buffers' sizes wrap)");
           m.staged_bytes += buffers_[id].aligned;
         }
       }

@@ -466,6 +466,15 @@ TEST_CASE("bad input: a buffer too large to align is refused and not counted as 
   m.h2d = m.d2h = link_fit{10.0, 1e-6};
   CHECK_THROWS_WITH(predict_schedule(plan, {1e-3}, m),
                     Catch::Contains("buffer 'huge'") && Catch::Contains("too large"));
+
+  // Two buffers of 2^63 bytes in one step: each aligns, but their sum wraps to 0 (the model
+  // does not look at the pointers; the scheduler refuses them as overlapping).
+  schedule_plan twins;
+  twins.add_buffer({"left", nullptr, std::size_t{1} << 63, false, false});
+  twins.add_buffer({"right", nullptr, std::size_t{1} << 63, false, false});
+  twins.add_step({"both", {0}, {1}});
+  CHECK_THROWS_WITH(predict_schedule(twins, {1e-3}, m),
+                    Catch::Contains("step 'both'") && Catch::Contains("too large"));
 }
 
 // --- optim -------------------------------------------------------------------------------
