@@ -272,6 +272,29 @@ TEST_CASE("bad input: a measured-attribute cache folder that cannot be made name
   CHECK(test::read_file(blocker) == "not a folder\n");
 }
 
+TEST_CASE("bad input: a usage counter given back more than it holds stops at 0",
+          "[bad_input][metrics]") {
+  auto gen = test::rng(0xbad9);
+  std::uniform_int_distribution<std::uint64_t> amount(1, std::uint64_t{1} << 40);
+  metrics::usage_counter counter;
+  const auto added = amount(gen);
+  counter.add(added);
+  counter.sub(added + amount(gen));  // a size mismatch
+  const auto reading = counter.read();
+  CHECK(reading.current == 0);
+  CHECK(reading.peak == added);
+  CHECK(reading.total == added);
+  // A statistics_resource counts through it: a mismatched deallocate does not wrap it either.
+  heap_resource heap;
+  statistics_resource stats(heap);
+  const auto bytes = static_cast<std::size_t>(amount(gen) % mib + 1);
+  void* p = stats.allocate(bytes);
+  stats.deallocate(p, bytes + 4096);
+  CHECK(stats.bytes().current == 0);
+  CHECK(stats.bytes().total == bytes);
+  CHECK(heap.live == 0);
+}
+
 // --- settings, placement ----------------------------------------------------------------
 
 TEST_CASE("bad input: settings::get of an unknown key is a programming error and not input",
