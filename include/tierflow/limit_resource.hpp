@@ -17,7 +17,8 @@ namespace tierflow {
  * this resource, the bytes asked and the bytes left) without calling upstream.
  *
  * Does not own the upstream, which must outlive it. Thread-safe; when the upstream throws,
- * the bytes it had reserved are given back.
+ * the bytes it had reserved are given back. A deallocate of more bytes than it holds (a size
+ * mismatch) is logged and brings the count to 0 rather than wrapping it.
  */
 class limit_resource final : public memory_resource {
  public:

@@ -182,7 +182,7 @@ class placement_policy {
   placement_policy& operator=(placement_policy&&) noexcept = default;
 
   /**
-   * @brief Places @p bytes of @p cls.
+   * @brief Places @p bytes of @p cls (0 bytes: an empty allocation, nothing counted).
    * @throws out_of_capacity naming the class, the bytes asked and the free bytes of each tier
    *         tried, when every choice is full
    */

@@ -47,7 +47,9 @@ class pool_resource final : public memory_resource {
   /**
    * @brief Takes @p bytes from upstream now, as chunks allocated by @p threads threads at
    * once (locking or first-touching them in parallel), so later allocations do not wait.
-   * @throws what the upstream throws; chunks taken before the failure stay in the pool
+   * @throws out_of_capacity, before anything is taken, when @p bytes (rounded up to whole
+   *         chunks) pass max_bytes or cannot be counted in 64 bits; what the upstream throws,
+   *         and then the chunks taken before the failure stay in the pool
    */
   void reserve(std::uint64_t bytes, unsigned threads = 1);
 

@@ -38,7 +38,7 @@ class settings {
 
   /**
    * @brief Reads a configuration file.
-   * @throws input_error when the file cannot be read or a line is malformed
+   * @throws input_error when the file cannot be read (a folder included) or a line is malformed
    */
   static settings from_file(const std::filesystem::path& path);
 

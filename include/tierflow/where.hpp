@@ -25,7 +25,9 @@ struct page_residency {
 /**
  * @brief The node of each page of [@p pointer, @p pointer + @p bytes) (move_pages in query
  * mode; nothing moves). Pages of a huge page are counted one by one.
- * @throws tierflow::error when the kernel refuses the query (e.g. no NUMA support)
+ * A null @p pointer or 0 @p bytes is an empty range (0 pages).
+ * @throws tierflow::error for a range that wraps the address space, or when the kernel
+ *         refuses the query (e.g. no NUMA support)
  */
 [[nodiscard]] page_residency where(const void* pointer, std::size_t bytes);
 

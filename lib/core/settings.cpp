@@ -58,6 +58,11 @@ settings settings::from_text(std::string_view text, std::string_view source_name
 }
 
 settings settings::from_file(const std::filesystem::path& path) {
+  // A folder opens as a stream that reads nothing: it would pass for an empty file.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw input_error(path.string(), "cannot read configuration file: it is a folder");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw input_error(path.string(), "cannot read configuration file");

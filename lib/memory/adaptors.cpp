@@ -66,7 +66,16 @@ void* limit_resource::do_allocate(std::size_t bytes, std::size_t alignment) {
 void limit_resource::do_deallocate(void* pointer, std::size_t bytes,
                                    std::size_t alignment) noexcept {
   upstream_.deallocate(pointer, bytes, alignment);
-  used_.fetch_sub(bytes);
+  // More than it holds is a caller's size mismatch: wrapping the count would leave the limit
+  // full for good, so it is logged and the count stops at 0.
+  auto used = used_.load();
+  while (!used_.compare_exchange_weak(used, used >= bytes ? used - bytes : 0)) {
+  }
+  if (used < bytes) {
+    detail::log(log_level::error, name() + ": deallocate of " + std::to_string(bytes) +
+                                      " bytes, but only " + std::to_string(used) +
+                                      " are held (a size that allocate was not given)");
+  }
 }
 
 // --- pinned -----------------------------------------------------------------------------

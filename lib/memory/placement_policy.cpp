@@ -273,6 +273,9 @@ void placement_policy::attach_resource(std::string_view tier_name, memory_resour
 }
 
 tier_allocation placement_policy::allocate(data_class cls, std::size_t bytes) {
+  if (bytes == 0) {
+    return {};  // as memory_resource::allocate(0): nothing placed, nothing counted
+  }
   auto& s = *state_;
   std::vector<out_of_capacity::tier_free> tried;
   {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <limits>
 #include <thread>
 
 #include "tierflow/detail/parse.hpp"
@@ -212,8 +213,25 @@ void pool_resource::release_unused() noexcept {
 }
 
 void pool_resource::reserve(std::uint64_t bytes, unsigned threads) {
-  const std::size_t count =
-      static_cast<std::size_t>((bytes + options_.chunk_bytes - 1) / options_.chunk_bytes);
+  const std::uint64_t chunk_size = options_.chunk_bytes;
+  const std::uint64_t count64 = bytes / chunk_size + (bytes % chunk_size != 0 ? 1 : 0);
+  {
+    // Refused before anything is taken: more than a 64-bit count of chunks can hold (the
+    // rounding up would wrap to a small number), or more than max_bytes leaves room for.
+    const std::lock_guard lock(mutex_);
+    const auto committed = upstream_bytes_ + growing_bytes_;
+    const bool wraps = count64 > std::numeric_limits<std::uint64_t>::max() / chunk_size;
+    if (wraps ||
+        (options_.max_bytes > 0 && (committed > options_.max_bytes ||
+                                    count64 * chunk_size > options_.max_bytes - committed))) {
+      const std::uint64_t room =
+          options_.max_bytes == 0
+              ? 0
+              : (options_.max_bytes > committed ? options_.max_bytes - committed : 0);
+      throw out_of_capacity(name(), bytes, {{name(), room}});
+    }
+  }
+  const auto count = static_cast<std::size_t>(count64);
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(count)));
   std::mutex error_mutex;
   std::exception_ptr first_error;

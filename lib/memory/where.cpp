@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "platform/numa.hpp"
@@ -16,9 +18,17 @@ page_residency where(const void* pointer, std::size_t bytes) {
   if (pointer == nullptr || bytes == 0) {
     return result;
   }
+  const auto start = reinterpret_cast<std::uintptr_t>(pointer);
+  if (bytes > std::numeric_limits<std::uintptr_t>::max() - start) {
+    // The end would wrap: 0 pages, or a count of 2^52 pages to query one batch at a time.
+    char address[32];
+    std::snprintf(address, sizeof address, "%p", pointer);
+    throw error("where: " + std::to_string(bytes) + " bytes from " + address +
+                " wraps the address space");
+  }
   const auto page = static_cast<std::uintptr_t>(result.page_bytes);
-  const auto first = reinterpret_cast<std::uintptr_t>(pointer) & ~(page - 1);
-  const auto end = reinterpret_cast<std::uintptr_t>(pointer) + bytes;
+  const auto first = start & ~(page - 1);
+  const auto end = start + bytes;
   result.total_pages = static_cast<std::size_t>((end - first + page - 1) / page);
 
   constexpr std::size_t batch = 16384;  // pages per move_pages call

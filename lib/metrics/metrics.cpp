@@ -16,7 +16,12 @@ void usage_counter::add(std::uint64_t amount) noexcept {
 }
 
 void usage_counter::sub(std::uint64_t amount) noexcept {
-  current_.fetch_sub(amount, std::memory_order_relaxed);
+  // Giving back more than is held (a caller's size mismatch) stops at 0: a wrapped count would
+  // read as 16 EiB held from then on.
+  auto current = current_.load(std::memory_order_relaxed);
+  while (!current_.compare_exchange_weak(current, current >= amount ? current - amount : 0,
+                                         std::memory_order_relaxed)) {
+  }
 }
 
 usage usage_counter::read() const noexcept {

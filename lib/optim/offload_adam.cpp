@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -398,6 +399,12 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) const {
       }
       if (p.elements == 0) {
         throw error("offload_adam: " + what + ": zero elements");
+      }
+      // The state takes 12 bytes per element (master, m, v); a count whose byte sizes wrap
+      // would allocate a few bytes and then copy far past them.
+      if (p.elements > std::numeric_limits<std::size_t>::max() / (3 * sizeof(float))) {
+        throw error("offload_adam: " + what + ": " + std::to_string(p.elements) +
+                    " elements is too many (the state would not fit in memory)");
       }
       if (p.dtype != param_dtype::f32 && p.dtype != param_dtype::bf16 &&
           p.dtype != param_dtype::f16) {

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -234,10 +235,20 @@ void prefetch_scheduler::impl::validate() {
                      "prefetch_scheduler: two buffers are named '" + b.name + "'");
     TIERFLOW_EXPECTS(b.data != nullptr, "prefetch_scheduler: buffer '" + b.name + "' is null");
     TIERFLOW_EXPECTS(b.bytes > 0, "prefetch_scheduler: buffer '" + b.name + "' has 0 bytes");
+    // Ranges inside the address space keep the overlap check and the staging sums exact.
+    TIERFLOW_EXPECTS(b.bytes <= std::numeric_limits<std::uintptr_t>::max() -
+                                    reinterpret_cast<std::uintptr_t>(b.data),
+                     "prefetch_scheduler: buffer '" + b.name + "' of " + std::to_string(b.bytes) +
+                         " bytes is too large: it wraps the address space");
     ranges.emplace_back(static_cast<char*>(b.data), b.bytes);
     buffer_state s;
     s.desc = b;
     s.aligned = detail::round_up(b.bytes, o.alignment);
+    // A size near SIZE_MAX would round up to a small number and pass the budget check.
+    TIERFLOW_EXPECTS(s.aligned >= b.bytes &&
+                         resident_bytes <= std::numeric_limits<std::uint64_t>::max() - s.aligned,
+                     "prefetch_scheduler: buffer '" + b.name + "' of " + std::to_string(b.bytes) +
+                         " bytes is too large to stage");
     if (b.resident) {
       resident_bytes += s.aligned;
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <string>
 
 #include "schedule/staging_arena.hpp"
@@ -58,6 +59,11 @@ class pipeline {
       model_buffer m;
       m.bytes = b.bytes;
       m.aligned = detail::round_up(b.bytes, o.alignment);
+      // A size near SIZE_MAX would round up to a small number and pass the budget check.
+      TIERFLOW_EXPECTS(
+          m.aligned >= b.bytes && resident <= std::numeric_limits<std::uint64_t>::max() - m.aligned,
+          "predict_schedule: buffer '" + b.name + "' of " + std::to_string(b.bytes) +
+              " bytes is too large to stage");
       m.resident = b.resident;
       resident += m.resident ? m.aligned : 0;
       buffers_.push_back(m);
@@ -78,6 +84,10 @@ class pipeline {
                                                    std::to_string(buffers_.size()));
         if (!buffers_[id].resident) {
           m.staged.push_back(id);
+          TIERFLOW_EXPECTS(
+              m.staged_bytes <= std::numeric_limits<std::uint64_t>::max() - buffers_[id].aligned,
+              "predict_schedule: step '" + st.name +
+                  "' stages too large a total (its buffers' sizes wrap)");
           m.staged_bytes += buffers_[id].aligned;
         }
       }

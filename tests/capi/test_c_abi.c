@@ -98,6 +98,10 @@ int main(int argc, char** argv) {
     CHECK(tf_device_alloc(dev, sizes[i] * sizeof(float), &dev_g[i]) == TF_OK);
     CHECK(tf_device_copy(dev, dev_p[i], host_p[i], sizes[i] * sizeof(float), TF_COPY_H2D) == TF_OK);
   }
+  /* A copy kind outside the enum (C lets any int through): refused, nothing copied. */
+  CHECK(tf_device_copy(dev, dev_p[0], host_p[0], sizeof(float), (tf_copy_kind)7) ==
+        TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "kind must be TF_COPY_H2D or TF_COPY_D2H") != NULL);
 
   tf_adam_hyper hyper;
   tf_adam_hyper_default(&hyper);
