@@ -694,6 +694,9 @@ struct link_fits {
   link_fit h2d;
   link_fit d2h;
   bool full_duplex = true;
+  /** What a step costs beside its compute and copies (callbacks, event handoffs between the
+   * device's threads): from probe_step_overhead(), added to every step's compute time. */
+  double step_overhead_s = 0;
 };
 
 // Copies of two sizes in batches on the device in use; per size the median over batches of
@@ -816,7 +819,11 @@ void predict_demo(const demo_options& o, const demo_calibration& c, const link_f
   mo.d2h = links.d2h;
   mo.full_duplex = links.full_duplex;
   mo.flush_each_iteration = true;
-  const auto pred = predict_schedule(demo_plan_shape(o), c.compute_s, mo);
+  std::vector<double> compute = c.compute_s;
+  for (auto& s : compute) {
+    s += links.step_overhead_s;
+  }
+  const auto pred = predict_schedule(demo_plan_shape(o), compute, mo);
   predicted =
       2 * links.h2d.seconds(o.batch * o.width * sizeof(float)) + pred.iteration_s + c.adam_s;
   p.stall = pred.stall_s / predicted;
@@ -934,6 +941,22 @@ tune_point run_plan(plan_workload& w, device& dev, std::uint64_t window, std::si
   return p;
 }
 
+// A plan of 8 steps with no compute over 4 KiB buffers, through the scheduler at window 2:
+// the median iteration / 8 is what a step costs on this device beside compute and copies.
+double probe_step_overhead(device& dev, const topology& topo, const demo_options& o) {
+  constexpr std::size_t steps = 8;
+  tune_plan tp;
+  for (std::size_t i = 0; i < steps; ++i) {
+    tp.plan.add_buffer({"probe" + std::to_string(i), nullptr, 4096, false, false});
+    tp.plan.add_step({"probe" + std::to_string(i), {static_cast<buffer_id>(i)}, {}});
+    tp.compute_s.push_back(0.0);
+    tp.total_bytes += 4096;
+  }
+  plan_workload w(std::move(tp), topo, o);
+  const tune_point p = run_plan(w, dev, 2, 3, 15);
+  return p.step_s / steps;
+}
+
 void predict_plan(const tune_plan& tp, const link_fits& links, tune_point& p, double& predicted) {
   schedule_model_options mo;
   mo.hbm_budget_bytes = plan_staging_budget(tp, p.window);
@@ -941,7 +964,11 @@ void predict_plan(const tune_plan& tp, const link_fits& links, tune_point& p, do
   mo.h2d = links.h2d;
   mo.d2h = links.d2h;
   mo.full_duplex = links.full_duplex;
-  const auto pred = predict_schedule(tp.plan, tp.compute_s, mo);
+  std::vector<double> compute = tp.compute_s;
+  for (auto& c : compute) {
+    c += links.step_overhead_s;
+  }
+  const auto pred = predict_schedule(tp.plan, compute, mo);
   predicted = pred.iteration_s;
   p.stall = pred.stall_fraction;
   p.hbm = pred.staging_peak_bytes;
@@ -1150,7 +1177,8 @@ int report_tune(const tune_options& t, tune_sweep& s) {
 json links_json(const link_fits& links) {
   return {{"h2d", {{"gbps", links.h2d.gbps}, {"latency_s", links.h2d.latency_s}}},
           {"d2h", {{"gbps", links.d2h.gbps}, {"latency_s", links.d2h.latency_s}}},
-          {"full_duplex", links.full_duplex}};
+          {"full_duplex", links.full_duplex},
+          {"step_overhead_s", links.step_overhead_s}};
 }
 
 void progress(const tune_options& t, const tune_point& p) {
@@ -1184,6 +1212,7 @@ tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& w
   link_fits links;
   if (model) {
     links = probe_links(*dev);
+    links.step_overhead_s = probe_step_overhead(*dev, topo, o);
     s.model = {{"links", links_json(links)},
                {"calibration", "per (Adam mode, chunk): " + std::to_string(calibration_warmup) +
                                    " + " + std::to_string(calibration_steps) + " steps at window " +
@@ -1276,8 +1305,10 @@ tune_sweep sweep_plan(const tune_options& t, const std::vector<std::uint64_t>& w
   o.hbm_budget_mib = t.model_only ? 0 : static_cast<double>(largest_budget) / 1048576.0 + 1;
   std::string note;
   auto dev = open_demo_device(o, note);
+  const topology topo = topology::discover();
   if (t.model_only || t.with_model) {
-    const link_fits links = probe_links(*dev);
+    link_fits links = probe_links(*dev);
+    links.step_overhead_s = probe_step_overhead(*dev, topo, o);
     s.model = {{"links", links_json(links)}, {"calibration", "compute_ms of the plan"}};
     for (std::uint64_t w : windows) {
       tune_point p;
@@ -1295,7 +1326,6 @@ tune_sweep sweep_plan(const tune_options& t, const std::vector<std::uint64_t>& w
     }
     return s;
   }
-  const topology topo = topology::discover();
   plan_workload work(std::move(tp), topo, o);
   for (std::size_t i = 0; i < windows.size(); ++i) {
     tune_point p = run_plan(work, *dev, windows[i], t.warmup_steps, t.measure_steps);

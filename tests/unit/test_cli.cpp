@@ -423,6 +423,7 @@ TEST_CASE("tune --plan --with-model: a sweep over windows, a recommendation, the
   const auto& m = j["model"];
   CHECK(m["links"]["h2d"]["gbps"].get<double>() > 0);
   CHECK(m["links"]["d2h"]["latency_s"].get<double>() >= 0);
+  CHECK(m["links"]["step_overhead_s"].get<double>() > 0);
   CHECK(m["median_abs_error"].get<double>() >= 0);
   CHECK(m["max_abs_error"].get<double>() >= m["median_abs_error"].get<double>());
   // Sanity only: on a loaded machine tiny steps are mostly host overhead, which the model
