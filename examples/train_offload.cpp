@@ -792,14 +792,22 @@ struct demo_calibration {
 };
 
 constexpr std::size_t calibration_warmup = 1;
-constexpr std::size_t calibration_steps = 4;
+constexpr std::size_t calibration_steps = 8;
 
 demo_calibration calibrate_demo(demo_options o, device& dev, const topology& topo) {
+  // A run's first steps fault in its fresh buffers and are slower: time a run of only those
+  // steps too, and keep the difference, the steady state.
+  o.steps = calibration_warmup;
+  const run_result cold = train(o, dev, topo, false, true);
   o.steps = calibration_warmup + calibration_steps;
   const run_result r = train(o, dev, topo, false, true);
   demo_calibration c;
-  for (const auto& s : r.sched.per_step) {
-    c.compute_s.push_back(s.runs == 0 ? 0.0 : s.compute_seconds / static_cast<double>(s.runs));
+  for (std::size_t i = 0; i < r.sched.per_step.size(); ++i) {
+    const auto& all = r.sched.per_step[i];
+    const auto& first = cold.sched.per_step[i];
+    const double seconds = std::max(0.0, all.compute_seconds - first.compute_seconds);
+    c.compute_s.push_back(
+        all.runs > first.runs ? seconds / static_cast<double>(all.runs - first.runs) : 0.0);
   }
   // The last step's: the first ones also place and fault in the optimizer state.
   c.adam_s = r.adam->last_step_seconds;
@@ -1216,47 +1224,47 @@ tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& w
     s.model = {{"links", links_json(links)},
                {"calibration", "per (Adam mode, chunk): " + std::to_string(calibration_warmup) +
                                    " + " + std::to_string(calibration_steps) + " steps at window " +
-                                   std::to_string(windows.back()) +
-                                   "; per-layer compute averaged, the last Adam step"}};
+                                   std::to_string(windows.back()) + " less a run of the first " +
+                                   std::to_string(calibration_warmup) +
+                                   "; per-layer compute averaged over every calibration run; "
+                                   "per (Adam mode, chunk), its last Adam step"}};
   }
+  std::vector<demo_calibration> cals;  // one per (mode, chunk) that ran
+  std::vector<std::size_t> cal_of_point;
   for (const auto& mode : modes) {
     const std::size_t mode_start = s.points.size();
     for (std::uint64_t c : chunks) {
       o.adam_chunk = c;
       o.adam_mode = mode;
-      std::optional<demo_calibration> cal;
       try {
         if (model) {
           o.window = windows.back();
-          cal = calibrate_demo(o, *dev, topo);
+          cals.push_back(calibrate_demo(o, *dev, topo));
+          const auto& cal = cals.back();
           s.model["calibrated"].push_back(
-              {{"adam_mode", cal->mode},
+              {{"adam_mode", cal.mode},
                {"chunk_bytes", c * sizeof(float)},
-               {"compute_s", std::accumulate(cal->compute_s.begin(), cal->compute_s.end(), 0.0)},
-               {"adam_step_s", cal->adam_s}});
+               {"compute_s", std::accumulate(cal.compute_s.begin(), cal.compute_s.end(), 0.0)},
+               {"adam_step_s", cal.adam_s}});
         }
         for (std::uint64_t w : windows) {
           o.window = w;
           tune_point p;
           p.window = w;
           p.chunk = c * sizeof(float);
-          double predicted = not_predicted;
           if (model) {
-            p.mode = cal->mode;
-            predict_demo(o, *cal, links, p, predicted);
+            p.mode = cals.back().mode;
           }
-          if (t.model_only) {
-            p.step_s = predicted;
-          } else {
+          if (!t.model_only) {
             const run_result r = train(o, *dev, topo, false, true);
             p.mode = std::string(to_string(r.adam->mode));
             p.step_s = median_after(r.step_seconds, t.warmup_steps);
             p.stall = r.sched.stall_fraction;
             p.hbm = r.sched.hbm_staging_peak_bytes + r.adam->hbm_staging_peak_bytes;
-            p.predicted_s = predicted;
+            progress(t, p);
           }
           s.points.push_back(p);
-          progress(t, p);
+          cal_of_point.push_back(cals.size() - 1);  // unused without a model
         }
       } catch (const input_error&) {
         throw;
@@ -1267,6 +1275,34 @@ tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& w
         s.skipped.push_back({{"adam_mode", mode}, {"reason", e.what()}});
         break;
       }
+    }
+  }
+  if (cals.empty()) {
+    return s;
+  }
+  // The layers' compute does not depend on the Adam chunk or mode: pool it over every
+  // calibration run, so that one run on a busy machine does not move a whole line.
+  std::vector<double> pooled(cals.front().compute_s.size(), 0.0);
+  for (const auto& cal : cals) {
+    for (std::size_t i = 0; i < pooled.size(); ++i) {
+      pooled[i] += cal.compute_s[i] / static_cast<double>(cals.size());
+    }
+  }
+  s.model["compute_s"] = std::accumulate(pooled.begin(), pooled.end(), 0.0);
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    tune_point& p = s.points[i];
+    demo_calibration cal = cals[cal_of_point[i]];
+    cal.compute_s = pooled;
+    o.window = p.window;
+    tune_point predicted_point = p;
+    double predicted = 0;
+    predict_demo(o, cal, links, predicted_point, predicted);
+    if (t.model_only) {
+      p = predicted_point;
+      p.step_s = predicted;
+      progress(t, p);
+    } else {
+      p.predicted_s = predicted;
     }
   }
   return s;
