@@ -25,7 +25,8 @@ action add_bench_command(CLI::App& app);
  *  (examples/train_offload.cpp). */
 action add_demo_command(CLI::App& app);
 
-/** `tierflow tune`: sweeps window × Adam chunk on the demo's model (examples/train_offload.cpp). */
+/** `tierflow tune`: sweeps the window (× Adam chunk and mode on the demo's model) on the demo's
+ *  model or a plan file, measured or predicted (examples/train_offload.cpp). */
 action add_tune_command(CLI::App& app);
 
 }  // namespace tierflow::cli

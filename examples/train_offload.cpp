@@ -775,6 +775,27 @@ int run_demo(const demo_options& o) {
 }
 
 // ---- tierflow tune: sweep the prefetch window × the Adam chunk × the Adam mode ------------
+//
+// Two workloads: the demo's model (train() above, unchanged) or a plan file (tune_plan.hpp:
+// buffers and steps, each step's compute a timed host callback). Both give a list of
+// tune_points, measured, predicted by predict_schedule(), or both; one report (table, JSON,
+// HTML, Pareto front, recommendation) serves them all.
+
+}  // namespace
+}  // namespace tierflow::cli
+
+// The tune section's own includes, here so that the demo part above stays untouched while it is
+// changed on another branch; they belong with the others at the top once both are merged.
+#include <numeric>
+#include <thread>
+
+#include <unistd.h>
+
+#include "tierflow/schedule_model.hpp"
+#include "tune_plan.hpp"
+
+namespace tierflow::cli {
+namespace {
 
 struct tune_options {
   demo_options model;
@@ -786,6 +807,9 @@ struct tune_options {
   double hbm_budget_mib = 0;  // 0: no limit
   bool as_json = false;
   std::string html;
+  std::string plan;  // a plan file instead of the demo's model
+  bool model_only = false;
+  bool with_model = false;
 };
 
 std::vector<std::uint64_t> parse_list(const std::string& text, const std::string& flag,
@@ -832,24 +856,336 @@ std::vector<std::string> parse_modes(const std::string& text) {
   return out;
 }
 
+constexpr double not_predicted = -1.0;
+
 struct tune_point {
   std::uint64_t window = 0;
-  std::uint64_t chunk = 0;  // bytes
-  std::string mode;         // the mode that ran (auto resolved)
-  double step_s = 0;
+  std::uint64_t chunk = 0;  // bytes; 0 for a plan (no Adam)
+  std::string mode;         // the mode that ran (auto resolved); "none" for a plan
+  double step_s = 0;        // measured, or predicted with --model-only
   double stall = 0;
-  std::uint64_t hbm = 0;  // the layers' staging peak + streamed Adam's
+  std::uint64_t hbm = 0;               // the staging peak (+ streamed Adam's)
+  double predicted_s = not_predicted;  // --with-model: the model's step time
   bool pareto = false;
 };
+
+// The inputs of predict_schedule besides the plan: the device's links, fitted by a probe.
+struct link_fits {
+  link_fit h2d;
+  link_fit d2h;
+  bool full_duplex = true;
+  /** What a step costs beside its compute and copies (callbacks, event handoffs between the
+   * device's threads): from probe_step_overhead(), added to every step's compute time. */
+  double step_overhead_s = 0;
+};
+
+// Copies of two sizes in batches on the device in use; per size the median over batches of
+// (batch time / copies); latency and bandwidth from the line through the two points.
+link_fits probe_links(device& dev) {
+  constexpr std::size_t small = std::size_t{64} << 10;
+  constexpr std::size_t large = std::size_t{8} << 20;
+  constexpr int batches = 5;
+  constexpr int per_batch = 8;
+  std::vector<std::byte> host(large);
+  std::mt19937_64 gen(std::random_device{}());
+  for (auto& b : host) {
+    b = static_cast<std::byte>(gen());
+  }
+  device_buffers buf(dev);
+  void* device_copy = buf.floats(large / sizeof(float));
+  const auto seconds_per_copy = [&](copy_kind kind, std::size_t bytes) {
+    stream& s = kind == copy_kind::h2d ? dev.h2d_stream() : dev.d2h_stream();
+    std::vector<double> samples;
+    for (int b = 0; b < batches; ++b) {
+      const auto start = clock_type::now();
+      for (int i = 0; i < per_batch; ++i) {
+        if (kind == copy_kind::h2d) {
+          dev.copy_async(device_copy, host.data(), bytes, kind, s);
+        } else {
+          dev.copy_async(host.data(), device_copy, bytes, kind, s);
+        }
+      }
+      s.synchronize();
+      samples.push_back(std::chrono::duration<double>(clock_type::now() - start).count() /
+                        per_batch);
+    }
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2];
+  };
+  const auto fit = [&](copy_kind kind) {
+    (void)seconds_per_copy(kind, small);  // warm up
+    const double t_small = seconds_per_copy(kind, small);
+    const double t_large = seconds_per_copy(kind, large);
+    link_fit f;
+    if (t_large > t_small) {
+      f.gbps = static_cast<double>(large - small) / (t_large - t_small) / 1e9;
+      f.latency_s = std::max(0.0, t_small - static_cast<double>(small) / (f.gbps * 1e9));
+    } else {  // noise swamped the difference: all of it bandwidth
+      f.gbps = static_cast<double>(large) / t_large / 1e9;
+    }
+    return f;
+  };
+  link_fits out;
+  out.h2d = fit(copy_kind::h2d);
+  out.d2h = fit(copy_kind::d2h);
+  out.full_duplex = dev.properties().full_duplex;
+  return out;
+}
+
+// Median step time of the measured steps (after the warmup ones).
+double median_after(std::vector<double> seconds, std::size_t warmup) {
+  seconds.erase(seconds.begin(), seconds.begin() + static_cast<long>(warmup));
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+// ---- the demo's model as a workload ----
+
+// The plan train() builds (forward 0 .. L-1, backward L-1 .. 0, one layer each), without data,
+// and the budget it gives the scheduler.
+schedule_plan demo_plan_shape(const demo_options& o) {
+  const std::size_t layer_bytes = o.width * o.width * sizeof(float);
+  schedule_plan plan;
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    plan.add_buffer({"layer" + std::to_string(l) + ".w", nullptr, layer_bytes, false, false});
+  }
+  for (std::size_t l = 0; l < o.layers; ++l) {
+    plan.add_step({"fwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
+  }
+  for (std::size_t l = o.layers; l-- > 0;) {
+    plan.add_step({"bwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
+  }
+  return plan;
+}
+
+std::uint64_t demo_staging_budget(const demo_options& o) {
+  return (o.window + 2) * o.width * o.width * sizeof(float) + 256 * (o.layers + 4);
+}
+
+// What the model needs of one (Adam mode, chunk) of the demo, from a short run of it: each
+// layer step's compute time (the scheduler's per-step accounting) and the Adam step's time.
+struct demo_calibration {
+  std::vector<double> compute_s;
+  double adam_s = 0;
+  std::uint64_t adam_hbm = 0;
+  std::string mode;
+};
+
+constexpr std::size_t calibration_warmup = 1;
+constexpr std::size_t calibration_steps = 8;
+
+demo_calibration calibrate_demo(demo_options o, device& dev, const topology& topo) {
+  // A run's first steps fault in its fresh buffers and are slower: time a run of only those
+  // steps too, and keep the difference, the steady state.
+  o.steps = calibration_warmup;
+  const run_result cold = train(o, dev, topo, false, true);
+  o.steps = calibration_warmup + calibration_steps;
+  const run_result r = train(o, dev, topo, false, true);
+  demo_calibration c;
+  for (std::size_t i = 0; i < r.sched.per_step.size(); ++i) {
+    const auto& all = r.sched.per_step[i];
+    const auto& first = cold.sched.per_step[i];
+    const double seconds = std::max(0.0, all.compute_seconds - first.compute_seconds);
+    c.compute_s.push_back(
+        all.runs > first.runs ? seconds / static_cast<double>(all.runs - first.runs) : 0.0);
+  }
+  // The last step's: the first ones also place and fault in the optimizer state.
+  c.adam_s = r.adam->last_step_seconds;
+  c.adam_hbm = r.adam->hbm_staging_peak_bytes;
+  c.mode = std::string(to_string(r.adam->mode));
+  return c;
+}
+
+// One demo iteration as the model sees it: the batch's two uploads on the compute stream, the
+// plan pass ending in the flush, then the Adam step (the host waits for it).
+void predict_demo(const demo_options& o, const demo_calibration& c, const link_fits& links,
+                  tune_point& p, double& predicted) {
+  schedule_model_options mo;
+  mo.hbm_budget_bytes = demo_staging_budget(o);
+  mo.window = o.window;
+  mo.h2d = links.h2d;
+  mo.d2h = links.d2h;
+  mo.full_duplex = links.full_duplex;
+  mo.flush_each_iteration = true;
+  std::vector<double> compute = c.compute_s;
+  for (auto& s : compute) {
+    s += links.step_overhead_s;
+  }
+  const auto pred = predict_schedule(demo_plan_shape(o), compute, mo);
+  predicted =
+      2 * links.h2d.seconds(o.batch * o.width * sizeof(float)) + pred.iteration_s + c.adam_s;
+  p.stall = pred.stall_s / predicted;
+  p.hbm = pred.staging_peak_bytes + c.adam_hbm;
+}
+
+// ---- a plan file as a workload ----
+
+std::uint64_t plan_staging_budget(const tune_plan& tp, std::uint64_t window) {
+  std::uint64_t resident = 0;
+  std::uint64_t staged_total = 0;
+  for (const auto& b : tp.plan.buffers) {
+    (b.resident ? resident : staged_total) += b.bytes;
+  }
+  std::uint64_t largest_step = 0;
+  for (const auto& s : tp.plan.steps) {
+    std::uint64_t bytes = 0;
+    for (const auto* list : {&s.reads, &s.writes}) {
+      for (buffer_id id : *list) {
+        bytes += tp.plan.buffers[id].resident ? 0 : tp.plan.buffers[id].bytes;
+      }
+    }
+    largest_step = std::max(largest_step, bytes);
+  }
+  // Room for the window plus the step running and the one being released, never more than
+  // every staged buffer at once beside the largest step; alignment slack per buffer.
+  const std::uint64_t staging = std::min((window + 2) * largest_step, staged_total + largest_step);
+  return resident + staging + 2 * 256 * (tp.plan.buffers.size() + 4);
+}
+
+// Holds the plan's host buffers (the params tier, random bytes) for every window of the sweep.
+struct plan_workload {
+  tune_plan tp;
+  placement_policy placement;
+  std::vector<tier_allocation> host;
+  plan_workload(tune_plan parsed, const topology& topo, const demo_options& o)
+      : tp(std::move(parsed)), placement(topo, placement_options_of(o)) {
+    std::mt19937_64 gen(std::random_device{}());
+    for (auto& b : tp.plan.buffers) {
+      host.push_back(placement.allocate(data_class::params, b.bytes));
+      auto* words = static_cast<std::uint64_t*>(host.back().data());
+      auto* bytes = static_cast<unsigned char*>(host.back().data());
+      for (std::size_t i = 0; i < b.bytes / 8; ++i) {
+        words[i] = gen();
+      }
+      for (std::size_t i = b.bytes / 8 * 8; i < b.bytes; ++i) {
+        bytes[i] = static_cast<unsigned char>(gen());
+      }
+      b.data = host.back().data();
+    }
+  }
+  static placement_options placement_options_of(const demo_options& o) {
+    placement_options po;
+    if (!o.placement.empty()) {
+      po.spec = o.placement;
+    }
+    po.reserve_bytes = 0;
+    return po;
+  }
+};
+
+// Compute for @p seconds on the calling thread: sleep through most of it, spin the rest, so
+// that the step takes what the plan says and no less.
+void compute_for(double seconds) {
+  const auto end = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                           std::chrono::duration<double>(seconds));
+  constexpr auto spin = std::chrono::microseconds(300);
+  if (const auto left = end - clock_type::now(); left > 2 * spin) {
+    std::this_thread::sleep_for(left - spin);
+  }
+  while (clock_type::now() < end) {
+  }
+}
+
+// Runs warmup + measured iterations of the plan at one window; an iteration's time is from the
+// start of step 0's compute to the next (the scheduler's and the model's definition).
+tune_point run_plan(plan_workload& w, device& dev, std::uint64_t window, std::size_t warmup,
+                    std::size_t measured) {
+  // Declared before the scheduler: its destructor waits for the callbacks that write it.
+  std::vector<clock_type::time_point> starts;
+  const std::size_t iterations = warmup + measured + 1;
+  starts.reserve(iterations);
+  scheduler_options so;
+  so.window = window;
+  so.hbm_budget_bytes = plan_staging_budget(w.tp, window);
+  prefetch_scheduler sched(dev, w.tp.plan, so);
+  const auto& steps = w.tp.plan.steps;
+  for (std::size_t it = 0; it < iterations; ++it) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const staged_step& st = sched.acquire(i);
+      const double seconds = w.tp.compute_s[i];
+      const bool first = i == 0;
+      st.compute().host_callback([&starts, seconds, first] {
+        if (first) {
+          starts.push_back(clock_type::now());
+        }
+        compute_for(seconds);
+      });
+      sched.release(i, !steps[i].writes.empty());
+    }
+  }
+  dev.compute_stream().synchronize();
+  sched.flush();
+  std::vector<double> iteration_s;
+  for (std::size_t k = 1; k < starts.size(); ++k) {
+    iteration_s.push_back(std::chrono::duration<double>(starts[k] - starts[k - 1]).count());
+  }
+  const auto m = sched.metrics();
+  tune_point p;
+  p.window = window;
+  p.mode = "none";
+  p.step_s = median_after(iteration_s, warmup);
+  p.stall = m.stall_fraction;
+  p.hbm = m.hbm_staging_peak_bytes;
+  return p;
+}
+
+// A plan of 8 steps with no compute over 4 KiB buffers, through the scheduler at window 2:
+// the median iteration / 8 is what a step costs on this device beside compute and copies.
+double probe_step_overhead(device& dev, const topology& topo, const demo_options& o) {
+  constexpr std::size_t steps = 8;
+  tune_plan tp;
+  for (std::size_t i = 0; i < steps; ++i) {
+    tp.plan.add_buffer({"probe" + std::to_string(i), nullptr, 4096, false, false});
+    tp.plan.add_step({"probe" + std::to_string(i), {static_cast<buffer_id>(i)}, {}});
+    tp.compute_s.push_back(0.0);
+    tp.total_bytes += 4096;
+  }
+  plan_workload w(std::move(tp), topo, o);
+  const tune_point p = run_plan(w, dev, 2, 3, 15);
+  return p.step_s / steps;
+}
+
+void predict_plan(const tune_plan& tp, const link_fits& links, tune_point& p, double& predicted) {
+  schedule_model_options mo;
+  mo.hbm_budget_bytes = plan_staging_budget(tp, p.window);
+  mo.window = p.window;
+  mo.h2d = links.h2d;
+  mo.d2h = links.d2h;
+  mo.full_duplex = links.full_duplex;
+  std::vector<double> compute = tp.compute_s;
+  for (auto& c : compute) {
+    c += links.step_overhead_s;
+  }
+  const auto pred = predict_schedule(tp.plan, compute, mo);
+  predicted = pred.iteration_s;
+  p.stall = pred.stall_fraction;
+  p.hbm = pred.staging_peak_bytes;
+}
+
+// ---- the report ----
+
+// What was swept and how: filled by the workload, read by the report.
+struct tune_sweep {
+  std::vector<tune_point> points;
+  json skipped = json::array();  // Adam modes this workload cannot run, with the reason
+  json workload;
+  std::string workload_text;  // for the page, HTML-escaped
+  json model;                 // the link fits and calibration; null without a model
+};
+
+std::string point_label(const tune_point& p) {
+  return p.mode == "none" ? std::string("plan")
+                          : p.mode + ", chunk " + std::to_string(p.chunk / 1024) + " KiB";
+}
 
 // The page of `tune --html`: step time and stall against the window, one line per (Adam mode,
 // chunk), then every point with the front and the recommendation marked.
 std::string tune_html(const std::vector<tune_point>& sweep, const tune_point& pick,
-                      const json& workload) {
+                      const std::string& workload_text, bool predicted) {
   std::map<std::pair<std::string, std::uint64_t>, std::pair<chart_series, chart_series>> lines;
   for (const auto& p : sweep) {
     auto& [time, stall] = lines[{p.mode, p.chunk}];
-    time.label = stall.label = p.mode + ", chunk " + std::to_string(p.chunk / 1024) + " KiB";
+    time.label = stall.label = point_label(p);
     time.points.emplace_back(static_cast<double>(p.window), p.step_s * 1e3);
     stall.points.emplace_back(static_cast<double>(p.window), 100 * p.stall);
   }
@@ -859,10 +1195,12 @@ std::string tune_html(const std::vector<tune_point>& sweep, const tune_point& pi
     times.push_back(std::move(pair.first));
     stalls.push_back(std::move(pair.second));
   }
+  const bool with_model = !sweep.empty() && sweep.front().predicted_s != not_predicted;
   const auto window_tick = [](double w) { return std::to_string(std::lround(w)); };
-  chart_axes time_axes{"prefetch window (layers)", "ms per step", false, window_tick,
+  const std::string unit = sweep.front().mode == "none" ? "steps" : "layers";
+  chart_axes time_axes{"prefetch window (" + unit + ")", "ms per step", false, window_tick,
                        "step time against the prefetch window"};
-  chart_axes stall_axes{"prefetch window (layers)", "stall %", false, window_tick,
+  chart_axes stall_axes{"prefetch window (" + unit + ")", "stall %", false, window_tick,
                         "stall against the prefetch window"};
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -870,91 +1208,39 @@ std::string tune_html(const std::vector<tune_point>& sweep, const tune_point& pi
        "margin:24px;color:#222;max-width:1100px}\ntable{border-collapse:collapse}td,th{border:"
        "1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}\n"
        "svg text{font:12px system-ui,sans-serif}.pick{font-weight:700;background:#fff6d5}\n"
-       "</style></head><body>\n<h1>tierflow tune</h1>\n<p>Workload: the demo's model, "
-    << workload.value("layers", 0) << " layers &times; " << workload.value("width", 0) << ", batch "
-    << workload.value("batch", 0) << ". Recommended: window " << pick.window << ", Adam chunk "
-    << pick.chunk / 1024 << " KiB, mode " << html_escape(pick.mode) << " ("
-    << short_number(pick.step_s * 1e3, 4) << " ms per step).</p>\n<h2>Step time</h2>\n"
+       "</style></head><body>\n<h1>tierflow tune</h1>\n<p>Workload: "
+    << workload_text << (predicted ? " Every figure is predicted by the model, not measured." : "")
+    << " Recommended: window " << pick.window;
+  if (pick.mode != "none") {
+    o << ", Adam chunk " << pick.chunk / 1024 << " KiB, mode " << html_escape(pick.mode);
+  }
+  o << " (" << short_number(pick.step_s * 1e3, 4) << " ms per step).</p>\n<h2>Step time</h2>\n"
     << svg_line_chart(std::move(times), time_axes) << "<h2>Stall</h2>\n"
     << svg_line_chart(std::move(stalls), stall_axes)
     << "<h2>Every setting</h2>\n<table><tr><th>window</th><th>Adam chunk</th><th>mode</th>"
-       "<th>ms per step</th><th>stall %</th><th>HBM staging MiB</th><th>Pareto</th></tr>\n";
+       "<th>ms per step</th>"
+    << (with_model ? "<th>predicted ms</th>" : "")
+    << "<th>stall %</th><th>HBM staging MiB</th><th>Pareto</th></tr>\n";
   for (const auto& p : sweep) {
     const bool picked = &p == &pick;
     o << "<tr" << (picked ? " class=\"pick\"" : "") << "><td>" << p.window << "</td><td>"
       << p.chunk / 1024 << " KiB</td><td>" << html_escape(p.mode) << "</td><td>"
-      << short_number(p.step_s * 1e3, 4) << "</td><td>" << short_number(100 * p.stall, 3)
-      << "</td><td>" << short_number(static_cast<double>(p.hbm) / 1048576.0, 4) << "</td><td>"
+      << short_number(p.step_s * 1e3, 4) << "</td>";
+    if (with_model) {
+      o << "<td>" << short_number(p.predicted_s * 1e3, 4) << "</td>";
+    }
+    o << "<td>" << short_number(100 * p.stall, 3) << "</td><td>"
+      << short_number(static_cast<double>(p.hbm) / 1048576.0, 4) << "</td><td>"
       << (p.pareto ? "*" : "") << "</td></tr>\n";
   }
   o << "</table>\n</body></html>\n";
   return o.str();
 }
 
-int run_tune(const tune_options& t) {
-  const auto windows = parse_list(t.windows, "--windows", true);
-  const auto chunks = parse_list(t.chunks, "--adam-chunks", false);
-  const auto modes = parse_modes(t.adam_modes);
-  if (t.measure_steps == 0) {
-    throw input_error("--steps", "must be > 0");
-  }
-  if (!t.html.empty()) {
-    check_output_folder("--html", t.html);
-  }
-  demo_options o = t.model;
-  o.steps = t.warmup_steps + t.measure_steps;
-  o.verify = false;
-  o.log_every = 0;
-  std::string note;
-  auto dev = open_demo_device(o, note);
-  const topology topo = topology::discover();
+// Pareto front, recommendation, then the table, the JSON and the page.
+int report_tune(const tune_options& t, tune_sweep& s) {
+  auto& sweep = s.points;
   const std::uint64_t budget = static_cast<std::uint64_t>(t.hbm_budget_mib * 1048576.0);
-  std::vector<tune_point> sweep;
-  json skipped = json::array();  // modes this workload cannot run, with the reason
-  for (const auto& mode : modes) {
-    bool mode_skipped = false;
-    for (std::uint64_t w : windows) {
-      if (mode_skipped) {
-        break;
-      }
-      for (std::uint64_t c : chunks) {
-        o.window = w;
-        o.adam_chunk = c;
-        o.adam_mode = mode;
-        std::optional<run_result> attempt;
-        try {
-          attempt = train(o, *dev, topo, false, true);
-        } catch (const input_error&) {
-          throw;
-        } catch (const error& e) {  // e.g. streamed mode over params that live in host memory
-          if (w != windows.front() || c != chunks.front()) {
-            throw;  // it ran at the first setting: a failure now is not the mode's
-          }
-          skipped.push_back({{"adam_mode", mode}, {"reason", e.what()}});
-          mode_skipped = true;
-          break;
-        }
-        const run_result& r = *attempt;
-        std::vector<double> measured(r.step_seconds.begin() + static_cast<long>(t.warmup_steps),
-                                     r.step_seconds.end());
-        std::sort(measured.begin(), measured.end());
-        tune_point p;
-        p.window = w;
-        p.chunk = c * sizeof(float);
-        p.mode = r.adam ? std::string(to_string(r.adam->mode)) : mode;
-        p.step_s = measured[measured.size() / 2];
-        p.stall = r.sched.stall_fraction;
-        p.hbm = r.sched.hbm_staging_peak_bytes + (r.adam ? r.adam->hbm_staging_peak_bytes : 0);
-        sweep.push_back(p);
-        if (!t.as_json) {
-          std::fprintf(stderr,
-                       "tune: window %llu, adam chunk %llu B, %s: step %.2f ms, stall %.1f %%\n",
-                       static_cast<unsigned long long>(w), static_cast<unsigned long long>(p.chunk),
-                       p.mode.c_str(), p.step_s * 1e3, 100 * p.stall);
-        }
-      }
-    }
-  }
   // Pareto front over (step time, HBM staging bytes): no other point is at least as good in
   // both and better in one.
   for (auto& p : sweep) {
@@ -974,9 +1260,9 @@ int run_tune(const tune_options& t) {
   }
   if (sweep.empty()) {
     throw input_error("--adam-modes", "this workload runs none of them",
-                      t.adam_modes + " (" + skipped.front()["reason"].get<std::string>() + ")");
+                      t.adam_modes + " (" + s.skipped.front()["reason"].get<std::string>() + ")");
   }
-  for (const auto& k : skipped) {
+  for (const auto& k : s.skipped) {
     if (!t.as_json) {
       std::fprintf(stderr, "tune: adam mode %s skipped: %s\n",
                    k["adam_mode"].get<std::string>().c_str(),
@@ -994,18 +1280,21 @@ int run_tune(const tune_options& t) {
     }
   }
   json rows = json::array();
+  std::vector<double> errors;  // |predicted / measured - 1|
   for (const auto& p : sweep) {
-    rows.push_back({{"window", p.window},
-                    {"chunk_bytes", p.chunk},
-                    {"adam_mode", p.mode},
-                    {"step_time_s", p.step_s},
-                    {"stall_fraction", p.stall},
-                    {"hbm_staging_bytes", p.hbm},
-                    {"pareto", p.pareto}});
+    json row{{"window", p.window},      {"chunk_bytes", p.chunk},    {"adam_mode", p.mode},
+             {"step_time_s", p.step_s}, {"stall_fraction", p.stall}, {"hbm_staging_bytes", p.hbm},
+             {"pareto", p.pareto}};
+    if (p.predicted_s != not_predicted) {
+      row["predicted_step_time_s"] = p.predicted_s;
+      row["prediction_error"] = p.predicted_s / p.step_s - 1;
+      errors.push_back(std::fabs(p.predicted_s / p.step_s - 1));
+    }
+    rows.push_back(std::move(row));
   }
-  const json workload{{"layers", o.layers}, {"width", o.width}, {"batch", o.batch}};
-  json doc{{"workload", workload},
-           {"steps_measured", t.measure_steps},
+  json doc{{"workload", s.workload},
+           {"predicted", t.model_only},
+           {"steps_measured", t.model_only ? std::size_t{0} : t.measure_steps},
            {"hbm_budget_bytes", budget},
            {"recommended",
             {{"window", pick->window},
@@ -1014,32 +1303,272 @@ int run_tune(const tune_options& t) {
              {"step_time_s", pick->step_s}}},
            {"best_step_time_s", best->step_s},
            {"sweep", rows},
-           {"skipped", skipped}};
+           {"skipped", s.skipped}};
+  if (!errors.empty()) {
+    std::sort(errors.begin(), errors.end());
+    const double median = errors.size() % 2 == 1
+                              ? errors[errors.size() / 2]
+                              : (errors[errors.size() / 2 - 1] + errors[errors.size() / 2]) / 2;
+    s.model["median_abs_error"] = median;
+    s.model["max_abs_error"] = errors.back();
+  }
+  if (!s.model.is_null()) {
+    doc["model"] = s.model;
+  }
   if (!t.html.empty()) {
-    write_text_file(t.html, tune_html(sweep, *pick, workload));
+    write_text_file(t.html, tune_html(sweep, *pick, s.workload_text, t.model_only));
     doc["html"] = t.html;
   }
   if (t.as_json) {
     std::printf("%s\n", doc.dump().c_str());
     return exit_ok;
   }
-  std::printf("window  adam chunk    mode      step ms   stall %%  HBM staging  pareto\n");
-  for (const auto& p : sweep) {
-    std::printf("%6llu  %8.1f KiB  %-8s  %7.2f  %7.1f  %8.2f MiB  %s\n",
-                static_cast<unsigned long long>(p.window), static_cast<double>(p.chunk) / 1024,
-                p.mode.c_str(), p.step_s * 1e3, 100 * p.stall,
-                static_cast<double>(p.hbm) / 1048576.0, p.pareto ? "*" : "");
+  if (t.model_only) {
+    std::printf("predicted by the model (nothing was run but the link probe%s):\n",
+                t.plan.empty() ? " and the calibration" : "");
   }
-  std::printf(
-      "recommended: --window %llu --adam-chunk %llu --adam-mode %s (step %.2f ms, best of the "
-      "sweep %.2f ms)\n",
-      static_cast<unsigned long long>(pick->window),
-      static_cast<unsigned long long>(pick->chunk / sizeof(float)), pick->mode.c_str(),
-      pick->step_s * 1e3, best->step_s * 1e3);
+  const bool with_model = !errors.empty();
+  std::printf("window  adam chunk    mode      step ms  %s stall %%  HBM staging  pareto\n",
+              with_model ? "predicted ms  error %" : "");
+  for (const auto& p : sweep) {
+    std::printf("%6llu  %8.1f KiB  %-8s  %7.2f  ", static_cast<unsigned long long>(p.window),
+                static_cast<double>(p.chunk) / 1024, p.mode.c_str(), p.step_s * 1e3);
+    if (with_model) {
+      std::printf("%12.2f  %7.1f ", p.predicted_s * 1e3, 100 * (p.predicted_s / p.step_s - 1));
+    }
+    std::printf("%7.1f  %8.2f MiB  %s\n", 100 * p.stall, static_cast<double>(p.hbm) / 1048576.0,
+                p.pareto ? "*" : "");
+  }
+  if (pick->mode == "none") {
+    std::printf("recommended: window %llu (step %.2f ms, best of the sweep %.2f ms)\n",
+                static_cast<unsigned long long>(pick->window), pick->step_s * 1e3,
+                best->step_s * 1e3);
+  } else {
+    std::printf(
+        "recommended: --window %llu --adam-chunk %llu --adam-mode %s (step %.2f ms, best of "
+        "the sweep %.2f ms)\n",
+        static_cast<unsigned long long>(pick->window),
+        static_cast<unsigned long long>(pick->chunk / sizeof(float)), pick->mode.c_str(),
+        pick->step_s * 1e3, best->step_s * 1e3);
+  }
+  if (with_model) {
+    std::printf("model: median |error| %.1f %%, max %.1f %%\n",
+                100 * s.model["median_abs_error"].get<double>(),
+                100 * s.model["max_abs_error"].get<double>());
+  }
   if (!t.html.empty()) {
     std::printf("report: %s\n", t.html.c_str());
   }
   return exit_ok;
+}
+
+json links_json(const link_fits& links) {
+  return {{"h2d", {{"gbps", links.h2d.gbps}, {"latency_s", links.h2d.latency_s}}},
+          {"d2h", {{"gbps", links.d2h.gbps}, {"latency_s", links.d2h.latency_s}}},
+          {"full_duplex", links.full_duplex},
+          {"step_overhead_s", links.step_overhead_s}};
+}
+
+void progress(const tune_options& t, const tune_point& p) {
+  if (t.as_json) {
+    return;
+  }
+  std::fprintf(stderr, "tune: window %llu, adam chunk %llu B, %s: step %.2f ms, stall %.1f %%",
+               static_cast<unsigned long long>(p.window), static_cast<unsigned long long>(p.chunk),
+               p.mode.c_str(), p.step_s * 1e3, 100 * p.stall);
+  if (p.predicted_s != not_predicted) {
+    std::fprintf(stderr, ", predicted %.2f ms", p.predicted_s * 1e3);
+  }
+  std::fprintf(stderr, "\n");
+}
+
+tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& windows) {
+  const auto chunks = parse_list(t.chunks, "--adam-chunks", false);
+  const auto modes = parse_modes(t.adam_modes);
+  demo_options o = t.model;
+  o.steps = t.warmup_steps + t.measure_steps;
+  o.verify = false;
+  o.log_every = 0;
+  std::string note;
+  auto dev = open_demo_device(o, note);
+  const topology topo = topology::discover();
+  const bool model = t.model_only || t.with_model;
+  tune_sweep s;
+  s.workload = {{"layers", o.layers}, {"width", o.width}, {"batch", o.batch}};
+  s.workload_text = "the demo's model, " + std::to_string(o.layers) + " layers &times; " +
+                    std::to_string(o.width) + ", batch " + std::to_string(o.batch) + ".";
+  link_fits links;
+  if (model) {
+    links = probe_links(*dev);
+    links.step_overhead_s = probe_step_overhead(*dev, topo, o);
+    s.model = {{"links", links_json(links)},
+               {"calibration", "per (Adam mode, chunk): " + std::to_string(calibration_warmup) +
+                                   " + " + std::to_string(calibration_steps) + " steps at window " +
+                                   std::to_string(windows.back()) + " less a run of the first " +
+                                   std::to_string(calibration_warmup) +
+                                   "; per-layer compute averaged over every calibration run; "
+                                   "per (Adam mode, chunk), its last Adam step"}};
+  }
+  std::vector<demo_calibration> cals;  // one per (mode, chunk) that ran
+  std::vector<std::size_t> cal_of_point;
+  for (const auto& mode : modes) {
+    const std::size_t mode_start = s.points.size();
+    for (std::uint64_t c : chunks) {
+      o.adam_chunk = c;
+      o.adam_mode = mode;
+      try {
+        if (model) {
+          o.window = windows.back();
+          cals.push_back(calibrate_demo(o, *dev, topo));
+          const auto& cal = cals.back();
+          s.model["calibrated"].push_back(
+              {{"adam_mode", cal.mode},
+               {"chunk_bytes", c * sizeof(float)},
+               {"compute_s", std::accumulate(cal.compute_s.begin(), cal.compute_s.end(), 0.0)},
+               {"adam_step_s", cal.adam_s}});
+        }
+        for (std::uint64_t w : windows) {
+          o.window = w;
+          tune_point p;
+          p.window = w;
+          p.chunk = c * sizeof(float);
+          if (model) {
+            p.mode = cals.back().mode;
+          }
+          if (!t.model_only) {
+            const run_result r = train(o, *dev, topo, false, true);
+            p.mode = std::string(to_string(r.adam->mode));
+            p.step_s = median_after(r.step_seconds, t.warmup_steps);
+            p.stall = r.sched.stall_fraction;
+            p.hbm = r.sched.hbm_staging_peak_bytes + r.adam->hbm_staging_peak_bytes;
+            progress(t, p);
+          }
+          s.points.push_back(p);
+          cal_of_point.push_back(cals.size() - 1);  // unused without a model
+        }
+      } catch (const input_error&) {
+        throw;
+      } catch (const error& e) {  // e.g. streamed mode over params that live in host memory
+        if (c != chunks.front() || s.points.size() != mode_start) {
+          throw;  // it ran at the first setting: a failure now is not the mode's
+        }
+        s.skipped.push_back({{"adam_mode", mode}, {"reason", e.what()}});
+        break;
+      }
+    }
+  }
+  if (cals.empty()) {
+    return s;
+  }
+  // The layers' compute does not depend on the Adam chunk or mode: pool it over every
+  // calibration run, so that one run on a busy machine does not move a whole line.
+  std::vector<double> pooled(cals.front().compute_s.size(), 0.0);
+  for (const auto& cal : cals) {
+    for (std::size_t i = 0; i < pooled.size(); ++i) {
+      pooled[i] += cal.compute_s[i] / static_cast<double>(cals.size());
+    }
+  }
+  s.model["compute_s"] = std::accumulate(pooled.begin(), pooled.end(), 0.0);
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    tune_point& p = s.points[i];
+    demo_calibration cal = cals[cal_of_point[i]];
+    cal.compute_s = pooled;
+    o.window = p.window;
+    tune_point predicted_point = p;
+    double predicted = 0;
+    predict_demo(o, cal, links, predicted_point, predicted);
+    if (t.model_only) {
+      p = predicted_point;
+      p.step_s = predicted;
+      progress(t, p);
+    } else {
+      p.predicted_s = predicted;
+    }
+  }
+  return s;
+}
+
+tune_sweep sweep_plan(const tune_options& t, const std::vector<std::uint64_t>& windows) {
+  tune_plan tp = load_tune_plan(t.plan);
+  std::uint64_t largest_budget = 0;
+  for (std::uint64_t w : windows) {
+    largest_budget = std::max(largest_budget, plan_staging_budget(tp, w));
+  }
+  tune_sweep s;
+  s.workload = {{"plan", t.plan},
+                {"buffers", tp.plan.buffers.size()},
+                {"steps", tp.plan.steps.size()},
+                {"bytes", tp.total_bytes}};
+  s.workload_text = "the plan " + html_escape(t.plan) + ", " +
+                    std::to_string(tp.plan.buffers.size()) + " buffers, " +
+                    std::to_string(tp.plan.steps.size()) + " steps.";
+  if (!t.model_only) {
+    // Every buffer lives in host memory, and so does the emulated HBM: keep to half of RAM.
+    const auto ram = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                     static_cast<std::uint64_t>(::sysconf(_SC_PAGE_SIZE));
+    if (tp.total_bytes + largest_budget > ram / 2) {
+      throw input_error(t.plan,
+                        "running it needs " + format_byte_count(tp.total_bytes + largest_budget) +
+                            " of host memory (buffers and emulated HBM), more than half of this "
+                            "machine's " +
+                            format_byte_count(ram) + "; --model-only predicts it without running");
+    }
+  }
+  // The demo's device (same --emu-link / TIERFLOW_EMU_LINK handling): with a zero-width model
+  // its HBM is the staging budget plus its fixed slack.
+  demo_options o = t.model;
+  o.width = 0;
+  o.hbm_budget_mib = t.model_only ? 0 : static_cast<double>(largest_budget) / 1048576.0 + 1;
+  std::string note;
+  auto dev = open_demo_device(o, note);
+  const topology topo = topology::discover();
+  if (t.model_only || t.with_model) {
+    link_fits links = probe_links(*dev);
+    links.step_overhead_s = probe_step_overhead(*dev, topo, o);
+    s.model = {{"links", links_json(links)}, {"calibration", "compute_ms of the plan"}};
+    for (std::uint64_t w : windows) {
+      tune_point p;
+      p.window = w;
+      p.mode = "none";
+      predict_plan(tp, links, p, p.predicted_s);
+      s.points.push_back(p);
+    }
+  }
+  if (t.model_only) {
+    for (auto& p : s.points) {
+      p.step_s = p.predicted_s;
+      p.predicted_s = not_predicted;
+      progress(t, p);
+    }
+    return s;
+  }
+  plan_workload work(std::move(tp), topo, o);
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    tune_point p = run_plan(work, *dev, windows[i], t.warmup_steps, t.measure_steps);
+    if (t.with_model) {
+      p.predicted_s = s.points[i].predicted_s;
+      s.points[i] = p;
+    } else {
+      s.points.push_back(p);
+    }
+    progress(t, p);
+  }
+  return s;
+}
+
+int run_tune(const tune_options& t) {
+  const auto windows = parse_list(t.windows, "--windows", true);
+  if (t.measure_steps == 0) {
+    throw input_error("--steps", "must be > 0");
+  }
+  if (t.model_only && t.with_model) {
+    throw input_error("--model-only", "cannot go with --with-model (which also runs the sweep)");
+  }
+  if (!t.html.empty()) {
+    check_output_folder("--html", t.html);
+  }
+  tune_sweep s = t.plan.empty() ? sweep_demo(t, windows) : sweep_plan(t, windows);
+  return report_tune(t, s);
 }
 
 }  // namespace
@@ -1086,25 +1615,33 @@ action add_tune_command(CLI::App& app) {
   auto t = std::make_shared<tune_options>();
   CLI::App* cmd = app.add_subcommand(
       "tune",
-      "Sweep the prefetch window, the Adam chunk and the Adam mode on the demo's model; "
-      "recommend one");
+      "Sweep the prefetch window (and the Adam chunk and mode) on the demo's model or a plan "
+      "file; measure or predict; recommend one");
+  cmd->add_option("--plan", t->plan,
+                  "Workload file (JSON: buffers and steps with compute_ms) instead of the demo's "
+                  "model");
   cmd->add_option("--layers", t->model.layers, "Dense layers")->capture_default_str();
   cmd->add_option("--width", t->model.width, "Units per layer")->capture_default_str();
   cmd->add_option("--batch", t->model.batch, "Samples per step")->capture_default_str();
   cmd->add_option("--steps", t->measure_steps, "Steps measured per setting")->capture_default_str();
   cmd->add_option("--warmup", t->warmup_steps, "Steps run first, not measured")
       ->capture_default_str();
-  cmd->add_option("--windows", t->windows, "Prefetch windows to try, in layers")
+  cmd->add_option("--windows", t->windows, "Prefetch windows to try, in layers (plan: steps)")
       ->capture_default_str();
-  cmd->add_option("--adam-chunks", t->chunks, "Adam chunk sizes to try, in elements")
+  cmd->add_option("--adam-chunks", t->chunks, "Adam chunk sizes to try, in elements (not --plan)")
       ->capture_default_str();
-  cmd->add_option("--adam-modes", t->adam_modes, "Adam modes to try: cpu, streamed, auto")
+  cmd->add_option("--adam-modes", t->adam_modes,
+                  "Adam modes to try: cpu, streamed, auto (not --plan)")
       ->capture_default_str();
   cmd->add_option("--hbm-budget", t->hbm_budget_mib,
                   "Recommend only settings whose HBM staging fits, MiB (0: any)")
       ->capture_default_str();
   cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)");
   cmd->add_option("--placement", t->model.placement, "Placement spec");
+  cmd->add_flag("--model-only", t->model_only,
+                "Predict the table from a link probe and compute times; run no sweep");
+  cmd->add_flag("--with-model", t->with_model,
+                "Run the sweep and the model; report the model's error per setting");
   cmd->add_flag("--json", t->as_json, "Print one JSON object");
   cmd->add_option("--html", t->html,
                   "Also write a page with step time and stall against the window (inline SVG)");

@@ -11,7 +11,7 @@ export LSAN_OPTIONS="suppressions=$here/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}
 mkdir -p "$findings"
 status=0
 for target in fuzz_id_list fuzz_settings fuzz_specs fuzz_sysfs fuzz_hwloc_xml fuzz_checkpoint \
-    fuzz_measured_cache; do
+    fuzz_measured_cache fuzz_tune_plan; do
   work=$(mktemp -d)
   cp "$here/corpus/$target/"* "$work/"
   echo "== $target (${seconds}s)"

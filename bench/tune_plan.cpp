@@ -1,0 +1,198 @@
+#include "tune_plan.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tierflow/error.hpp"
+
+namespace tierflow::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Every check of a plan throws through this: the file, then where in it, then what is wrong.
+class plan_checker {
+ public:
+  explicit plan_checker(const std::string& source) : source_(source) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& problem,
+                         const json* value = nullptr) const {
+    std::string text;
+    if (value != nullptr) {
+      text = value->dump(-1, ' ', true, json::error_handler_t::replace);
+    }
+    throw input_error(source_, where.empty() ? problem : where + ": " + problem, text);
+  }
+
+  // The object at @p where has only keys out of @p allowed.
+  void only_keys(const json& object, const std::string& where,
+                 std::initializer_list<const char*> allowed) const {
+    for (const auto& [key, value] : object.items()) {
+      bool known = false;
+      for (const char* a : allowed) {
+        known = known || key == a;
+      }
+      if (!known) {
+        fail(where, "unknown key \"" + key + "\"");
+      }
+    }
+  }
+
+  const json& member(const json& object, const std::string& where, const char* key) const {
+    const auto it = object.find(key);
+    if (it == object.end()) {
+      fail(where, std::string("missing key \"") + key + "\"");
+    }
+    return *it;
+  }
+
+  std::string name(const json& object, const std::string& where) const {
+    const json& v = member(object, where, "name");
+    if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+      fail(where + ".name", "must be a non-empty string", &v);
+    }
+    return v.get<std::string>();
+  }
+
+ private:
+  const std::string& source_;
+};
+
+}  // namespace
+
+tune_plan parse_tune_plan(std::string_view text, const std::string& source) {
+  const plan_checker check(source);
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    check.fail("", "not valid JSON at byte " + std::to_string(e.byte));
+  } catch (const json::exception&) {  // out_of_range: a number beyond double
+    check.fail("", "not valid JSON: a number out of range");
+  }
+  if (!doc.is_object()) {
+    check.fail("", "a plan is a JSON object with tierflow_plan, buffers and steps");
+  }
+  check.only_keys(doc, "", {"tierflow_plan", "buffers", "steps"});
+  const json& version = check.member(doc, "", "tierflow_plan");
+  if (!version.is_number_integer() || version.get<std::int64_t>() != 1) {
+    check.fail("tierflow_plan", "unsupported version (this tierflow reads 1)", &version);
+  }
+
+  tune_plan out;
+  const json& buffers = check.member(doc, "", "buffers");
+  if (!buffers.is_array() || buffers.empty()) {
+    check.fail("buffers", "must be a non-empty array");
+  }
+  if (buffers.size() > tune_plan_max_entries) {
+    check.fail("buffers", "more than " + std::to_string(tune_plan_max_entries));
+  }
+  std::map<std::string, buffer_id> ids;
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const json& b = buffers[i];
+    const std::string where = "buffers[" + std::to_string(i) + "]";
+    if (!b.is_object()) {
+      check.fail(where, "must be an object");
+    }
+    check.only_keys(b, where, {"name", "bytes", "resident"});
+    buffer_desc desc;
+    desc.name = check.name(b, where);
+    const json& bytes = check.member(b, where, "bytes");
+    if (!bytes.is_number_integer() || bytes.get<std::int64_t>() <= 0 ||
+        bytes.get<std::uint64_t>() > tune_plan_max_buffer_bytes) {
+      check.fail(where + ".bytes", "must be an integer from 1 to 68719476736 (64 GiB)", &bytes);
+    }
+    desc.bytes = bytes.get<std::uint64_t>();
+    if (const auto it = b.find("resident"); it != b.end()) {
+      if (!it->is_boolean()) {
+        check.fail(where + ".resident", "must be true or false", &*it);
+      }
+      desc.resident = it->get<bool>();
+    }
+    out.total_bytes += desc.bytes;  // ≤ 100000 × 64 GiB: no overflow
+    if (out.total_bytes > tune_plan_max_total_bytes) {
+      check.fail("buffers", "more than 1 TiB in all");
+    }
+    if (!ids.emplace(desc.name, static_cast<buffer_id>(i)).second) {
+      check.fail(where + ".name", "two buffers are named \"" + desc.name + "\"");
+    }
+    out.plan.add_buffer(std::move(desc));
+  }
+
+  const json& steps = check.member(doc, "", "steps");
+  if (!steps.is_array() || steps.empty()) {
+    check.fail("steps", "must be a non-empty array");
+  }
+  if (steps.size() > tune_plan_max_entries) {
+    check.fail("steps", "more than " + std::to_string(tune_plan_max_entries));
+  }
+  std::set<std::string> step_names;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const json& s = steps[i];
+    const std::string where = "steps[" + std::to_string(i) + "]";
+    if (!s.is_object()) {
+      check.fail(where, "must be an object");
+    }
+    check.only_keys(s, where, {"name", "reads", "writes", "compute_ms"});
+    step_desc step;
+    step.name = check.name(s, where);
+    if (!step_names.insert(step.name).second) {
+      check.fail(where + ".name", "two steps are named \"" + step.name + "\"");
+    }
+    std::set<buffer_id> used;
+    for (const char* key : {"reads", "writes"}) {
+      const auto it = s.find(key);
+      if (it == s.end()) {
+        continue;
+      }
+      const std::string list_where = where + "." + key;
+      if (!it->is_array()) {
+        check.fail(list_where, "must be an array of buffer names", &*it);
+      }
+      for (const json& name : *it) {
+        if (!name.is_string()) {
+          check.fail(list_where, "must be an array of buffer names", &name);
+        }
+        const auto id = ids.find(name.get_ref<const std::string&>());
+        if (id == ids.end()) {
+          check.fail(list_where, "unknown buffer \"" + name.get<std::string>() + "\"");
+        }
+        if (!used.insert(id->second).second) {
+          check.fail(list_where, "names buffer \"" + id->first + "\" twice");
+        }
+        (key[0] == 'r' ? step.reads : step.writes).push_back(id->second);
+      }
+    }
+    const json& ms = check.member(s, where, "compute_ms");
+    if (!ms.is_number() || !std::isfinite(ms.get<double>()) || ms.get<double>() < 0 ||
+        ms.get<double>() > tune_plan_max_compute_ms) {
+      check.fail(where + ".compute_ms", "must be a finite number of milliseconds from 0 to 60000",
+                 &ms);
+    }
+    out.compute_s.push_back(ms.get<double>() / 1e3);
+    out.plan.add_step(std::move(step));
+  }
+  return out;
+}
+
+tune_plan load_tune_plan(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw input_error(path, "cannot read the file");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    throw input_error(path, "cannot read the file");
+  }
+  return parse_tune_plan(text.str(), path);
+}
+
+}  // namespace tierflow::cli
