@@ -23,14 +23,17 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "commands.hpp"
 #include "demo_kernels.hpp"
@@ -42,7 +45,9 @@
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
+#include "tierflow/schedule_model.hpp"
 #include "tierflow/topology.hpp"
+#include "tune_plan.hpp"
 
 namespace tierflow::cli {
 
@@ -648,9 +653,30 @@ int run_demo(const demo_options& o) {
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
     throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
   }
+  if (!std::isfinite(o.hbm_budget_mib) || o.hbm_budget_mib < 0) {
+    throw input_error("--hbm-budget", "must be finite and >= 0 (0: window + 2 layers)",
+                      std::to_string(o.hbm_budget_mib));
+  }
+  if (const double layer_mib = static_cast<double>(o.width * o.width * sizeof(float)) / 1048576.0;
+      o.hbm_budget_mib > 0 && o.hbm_budget_mib < layer_mib) {
+    throw input_error("--hbm-budget",
+                      "below one layer's weights (" + std::to_string(layer_mib) + " MiB)",
+                      std::to_string(o.hbm_budget_mib));
+  }
+  // Bad input is reported before anything runs: the output folder, then the placement.
+  std::error_code made;
+  std::filesystem::create_directories(o.out, made);
+  if (made || !std::filesystem::is_directory(o.out)) {
+    throw input_error("--out",
+                      "cannot create the folder" + (made ? ": " + made.message() : std::string()),
+                      o.out);
+  }
+  const topology topo = topology::discover();
+  if (!o.placement.empty()) {
+    (void)placement_spec::parse(o.placement, "--placement", topo);
+  }
   std::string note;
   auto dev = open_demo_device(o, note);
-  const topology topo = topology::discover();
   if (!note.empty() && !o.as_json) {
     std::fprintf(stderr, "tierflow demo: %s\n", note.c_str());
   }
@@ -665,7 +691,6 @@ int run_demo(const demo_options& o) {
   }
   const run_result run = train(o, *dev, topo, false, o.as_json);
 
-  std::filesystem::create_directories(o.out);
   const auto dir = std::filesystem::path(o.out);
   json metrics = json::parse(run.sched_json);
   metrics["adam"] = json::parse(run.adam->to_json())["adam"];
@@ -780,22 +805,6 @@ int run_demo(const demo_options& o) {
 // buffers and steps, each step's compute a timed host callback). Both give a list of
 // tune_points, measured, predicted by predict_schedule(), or both; one report (table, JSON,
 // HTML, Pareto front, recommendation) serves them all.
-
-}  // namespace
-}  // namespace tierflow::cli
-
-// The tune section's own includes, here so that the demo part above stays untouched while it is
-// changed on another branch; they belong with the others at the top once both are merged.
-#include <numeric>
-#include <thread>
-
-#include <unistd.h>
-
-#include "tierflow/schedule_model.hpp"
-#include "tune_plan.hpp"
-
-namespace tierflow::cli {
-namespace {
 
 struct tune_options {
   demo_options model;

@@ -262,6 +262,19 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(run_cli({"demo", "--device", "cuda:7"}), "--device");
   check_one_line_error(run_cli({"demo", "--lr", "-1"}), "--lr");
   check_one_line_error(run_cli({"demo", "--device", "gpu"}), "--device");
+  // Reported before anything runs (no progress line first), each naming its flag.
+  const std::vector<std::string> small = {"--steps", "1",       "--layers", "1",         "--width",
+                                          "64",      "--batch", "4",        "--samples", "4"};
+  const auto demo = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"demo"};
+    args.insert(args.end(), small.begin(), small.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(args);
+  };
+  check_one_line_error(demo({"--placement", "weights=dram"}), "--placement");
+  check_one_line_error(demo({"--hbm-budget", "0.001"}), "--hbm-budget");
+  check_one_line_error(demo({"--hbm-budget", "-1"}), "--hbm-budget");
+  check_one_line_error(demo({"--out", "/proc/tierflow-demo-out"}), "--out");
 }
 
 TEST_CASE("demo --device cuda without a usable GPU is one line and exit code 2", "[cli][demo]") {
