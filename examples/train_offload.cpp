@@ -653,6 +653,9 @@ int run_demo(const demo_options& o) {
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
     throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
   }
+  if (o.adam_chunk == 0) {
+    throw input_error("--adam-chunk", "must be > 0 (elements per chunk)", "0");
+  }
   if (!std::isfinite(o.hbm_budget_mib) || o.hbm_budget_mib < 0) {
     throw input_error("--hbm-budget", "must be finite and >= 0 (0: window + 2 layers)",
                       std::to_string(o.hbm_budget_mib));
@@ -1605,9 +1608,7 @@ action add_demo_command(CLI::App& app) {
                   "auto (CUDA device 0 when usable, else emulated), cuda, cuda:N or emulated")
       ->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
-  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the data and the initial weights")
       ->capture_default_str();
   cmd->add_option("--log-every", o->log_every, "Progress line every N steps (0: none)")

@@ -275,6 +275,9 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(demo({"--hbm-budget", "0.001"}), "--hbm-budget");
   check_one_line_error(demo({"--hbm-budget", "-1"}), "--hbm-budget");
   check_one_line_error(demo({"--out", "/proc/tierflow-demo-out"}), "--out");
+  check_one_line_error(demo({"--adam-chunk", "0"}), "--adam-chunk");
+  check_one_line_error(demo({"--emu-link", "h2d=fast"}), "--emu-link");
+  check_one_line_error(demo({"--layers", "0"}), "--layers");
 }
 
 TEST_CASE("demo --device cuda without a usable GPU is one line and exit code 2", "[cli][demo]") {
