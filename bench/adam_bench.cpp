@@ -66,26 +66,6 @@ double timed_parallel(unsigned threads, std::size_t n, F&& fn) {
   return seconds_since(start);
 }
 
-std::size_t parse_count(const std::string& text) {
-  std::size_t pos = 0;
-  const double value = std::stod(text, &pos);
-  const std::string unit = text.substr(pos);
-  double scale = 1;
-  if (unit == "K" || unit == "Ki") {
-    scale = 1024;
-  } else if (unit == "M" || unit == "Mi") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "G" || unit == "Gi") {
-    scale = 1024.0 * 1024 * 1024;
-  } else if (!unit.empty()) {
-    throw CLI::ValidationError("--params", "unknown suffix '" + unit + "' (K, M or G)");
-  }
-  if (!(value > 0)) {
-    throw CLI::ValidationError("--params", "must be > 0");
-  }
-  return static_cast<std::size_t>(value * scale);
-}
-
 json rate_json(const summary& seconds, std::size_t n) {
   const double mparams = static_cast<double>(n) / seconds.median / 1e6;
   return {{"seconds", summary_json(seconds)},
@@ -134,9 +114,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::size_t n = 0;
   try {
-    n = parse_count(params_text);
+    n = parse_count(params_text, "--params");
   } catch (const std::exception& e) {
-    std::cerr << "tierflow-adam-bench: --params: " << e.what() << "\n";
+    std::cerr << "tierflow-adam-bench: error: " << e.what() << "\n";
     return 2;
   }
 

@@ -40,26 +40,6 @@ namespace {
 
 constexpr double kernel_bytes_per_param = 32.0;
 
-std::size_t parse_count(const std::string& text) {
-  std::size_t pos = 0;
-  const double value = std::stod(text, &pos);
-  const std::string unit = text.substr(pos);
-  double scale = 1;
-  if (unit == "K") {
-    scale = 1024;
-  } else if (unit == "M") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "G") {
-    scale = 1024.0 * 1024 * 1024;
-  } else if (!unit.empty()) {
-    throw CLI::ValidationError("--params", "unknown suffix '" + unit + "' (K, M or G)");
-  }
-  if (!(value > 0)) {
-    throw CLI::ValidationError("--params", "must be > 0");
-  }
-  return static_cast<std::size_t>(value * scale);
-}
-
 // Device memory, freed on scope exit.
 struct device_array {
   device& dev;
@@ -120,8 +100,8 @@ int main(int argc, char** argv) {
   std::size_t n = 0;
   std::size_t link_bytes = 0;
   try {
-    n = parse_count(params_text);
-    link_bytes = parse_count(link_text);
+    n = parse_count(params_text, "--params");
+    link_bytes = parse_count(link_text, "--link-bytes");
   } catch (const std::exception& e) {
     std::cerr << "tierflow-gpu-adam-bench: error: " << e.what() << "\n";
     return 2;

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "adam_harness.hpp"
 #include "optim/adam_kernels.hpp"
 #include "test_support.hpp"
 #include "tierflow/emulated_device.hpp"
@@ -39,21 +40,6 @@ float from_bits(std::uint32_t b) {
   float f = 0;
   std::memcpy(&f, &b, 4);
   return f;
-}
-
-// Grads of @p dtype as raw bytes, from fp32 values.
-std::vector<unsigned char> encode(const std::vector<float>& values, param_dtype dtype) {
-  std::vector<unsigned char> out(values.size() * dtype_bytes(dtype));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == param_dtype::f32) {
-      std::memcpy(&out[4 * i], &values[i], 4);
-    } else {
-      const std::uint16_t h = dtype == param_dtype::bf16 ? detail::float_to_bf16(values[i])
-                                                         : detail::float_to_f16(values[i]);
-      std::memcpy(&out[2 * i], &h, 2);
-    }
-  }
-  return out;
 }
 
 std::vector<float> decode(const unsigned char* raw, std::size_t n, param_dtype dtype) {
@@ -163,7 +149,7 @@ TEST_CASE("the Adam kernels match the scalar formula bit for bit", "[adam]") {
     for (auto& x : v0) {
       x = std::fabs(x);
     }
-    const auto graw = encode(normal_values(n, 0.1f, gen), dtype);
+    const auto graw = test::encode_values(normal_values(n, 0.1f, gen), dtype);
     const auto g = decode(graw.data(), n, dtype);
     std::vector<float> rp = p0, rm = m0, rv = v0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -179,7 +165,7 @@ TEST_CASE("the Adam kernels match the scalar formula bit for bit", "[adam]") {
       CHECK(detail::grad_sum_squares(k, graw.data(), dtype, n) == sum_squares_reference(g, 0, n));
       std::vector<unsigned char> out(n * dtype_bytes(dtype));
       detail::store_params(k, p.data(), out.data(), dtype, n);
-      REQUIRE(out == encode(p, dtype));
+      REQUIRE(out == test::encode_values(p, dtype));
     }
   }
 }
@@ -193,7 +179,7 @@ TEST_CASE("a non-finite grad makes the sum of squares non-finite in every kernel
       const std::size_t n = pick(gen, 1, 500);
       auto values = normal_values(n, 1.0f, gen);
       values[pick(gen, 0, n - 1)] = bad;
-      const auto raw = encode(values, dtype);
+      const auto raw = test::encode_values(values, dtype);
       for (adam_kernel k : kernels_here()) {
         INFO(to_string(k) << " " << to_string(dtype) << " " << bad);
         CHECK_FALSE(std::isfinite(detail::grad_sum_squares(k, raw.data(), dtype, n)));
@@ -319,7 +305,7 @@ struct model {
     t.name = std::move(name);
     t.dtype = dtype;
     t.n = init.size();
-    const auto raw = encode(init, dtype);
+    const auto raw = test::encode_values(init, dtype);
     t.param = dev.memory().allocate(raw.size());
     t.grad = dev.memory().allocate(raw.size());
     std::memcpy(t.param, raw.data(), raw.size());  // emulated device memory is host memory
@@ -345,7 +331,7 @@ struct model {
   void set_grads(const std::vector<std::vector<std::vector<float>>>& grads) {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       for (std::size_t i = 0; i < groups[g].size(); ++i) {
-        const auto raw = encode(grads[g][i], groups[g][i].dtype);
+        const auto raw = test::encode_values(grads[g][i], groups[g][i].dtype);
         std::memcpy(groups[g][i].grad, raw.data(), raw.size());
       }
     }
@@ -369,7 +355,7 @@ struct model {
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       for (std::size_t i = 0; i < groups[gi].size(); ++i) {
         const auto& t = groups[gi][i];
-        const auto raw = encode(grads[gi][i], t.dtype);
+        const auto raw = test::encode_values(grads[gi][i], t.dtype);
         g[gi].push_back(decode(raw.data(), t.n, t.dtype));
         for (std::size_t off = 0; off < t.n; off += chunk) {
           total += sum_squares_reference(g[gi][i], off, std::min(chunk, t.n - off));
@@ -398,7 +384,7 @@ struct model {
   void check_device_params() const {
     for (const auto& g : groups) {
       for (const auto& t : g) {
-        const auto want = encode(t.p, t.dtype);
+        const auto want = test::encode_values(t.p, t.dtype);
         INFO("param " << t.name);
         REQUIRE(std::memcmp(t.param, want.data(), want.size()) == 0);
       }
