@@ -117,6 +117,18 @@ inline adam_plan random_adam_plan(std::mt19937_64& gen, adam_mode mode, std::siz
   return plan;
 }
 
+/** random_adam_plan() with every param on the device (none in host memory). */
+inline adam_plan device_params_plan(std::mt19937_64& gen, adam_mode mode,
+                                    std::size_t max_elements) {
+  auto plan = random_adam_plan(gen, mode, max_elements);
+  for (auto& g : plan.groups) {
+    for (auto& p : g) {
+      p.on_host = false;
+    }
+  }
+  return plan;
+}
+
 /** The tests' emulated device: a fast link, one copy thread. */
 inline emulated_device_options rig_device_options() {
   emulated_device_options o;

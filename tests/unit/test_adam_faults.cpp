@@ -198,12 +198,7 @@ TEST_CASE(
   const topology topo = topology::discover();
   auto policy = test::rig_placement(topo);
   for (int round = 0; round < 4; ++round) {
-    auto plan = test::random_adam_plan(gen, adam_mode::cpu, 4000);
-    for (auto& g : plan.groups) {
-      for (auto& p : g) {
-        p.on_host = false;
-      }
-    }
+    auto plan = test::device_params_plan(gen, adam_mode::cpu, 4000);
     for (auto& h : plan.hyper) {
       h.lr = 0.05;  // steps that show in bf16 and fp16 params too
     }
@@ -328,12 +323,7 @@ TEST_CASE("a stalled stream delays the step, which then completes (there is no t
   auto policy = test::rig_placement(topo);
   for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed}) {
     for (int which = 0; which < 3; ++which) {
-      auto plan = test::random_adam_plan(gen, mode, 3000);
-      for (auto& g : plan.groups) {
-        for (auto& p : g) {
-          p.on_host = false;
-        }
-      }
+      auto plan = test::device_params_plan(gen, mode, 3000);
       adam_rig reference(plan);
       adam_rig rig(plan);
       reference.build(policy);
@@ -367,12 +357,7 @@ TEST_CASE("a stall past device_timeout_s fails the step as not applied; the retr
   const std::vector<std::pair<adam_mode, int>> cases = {
       {adam_mode::cpu, 0}, {adam_mode::cpu, 2}, {adam_mode::streamed, 0}};
   for (const auto& [mode, which] : cases) {
-    auto plan = test::random_adam_plan(gen, mode, 3000);
-    for (auto& g : plan.groups) {
-      for (auto& p : g) {
-        p.on_host = false;
-      }
-    }
+    auto plan = test::device_params_plan(gen, mode, 3000);
     plan.options.device_timeout_s = 0.02 + 0.01 * static_cast<double>(uniform(gen, 0, 3));
     adam_rig reference(plan);
     adam_rig rig(plan);
@@ -609,12 +594,7 @@ TEST_CASE("load() whose params upload fails keeps the loaded state and re-sends 
   auto policy = test::rig_placement(topo);
   test::scratch_dir dir;
   for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed}) {
-    auto plan = test::random_adam_plan(gen, mode, 3000);
-    for (auto& g : plan.groups) {
-      for (auto& p : g) {
-        p.on_host = false;
-      }
-    }
+    auto plan = test::device_params_plan(gen, mode, 3000);
     INFO(plan.describe());
     adam_rig reference(plan);
     adam_rig rig(plan);
