@@ -30,7 +30,8 @@ class usage_counter {
  public:
   /** @brief Records @p amount taken. */
   void add(std::uint64_t amount) noexcept;
-  /** @brief Records @p amount given back. */
+  /** @brief Records @p amount given back; more than is held (a caller's size mismatch) stops
+   * the current reading at 0 instead of wrapping it. */
   void sub(std::uint64_t amount) noexcept;
   /** @brief The current reading. */
   [[nodiscard]] usage read() const noexcept;
