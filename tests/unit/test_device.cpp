@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -152,9 +153,18 @@ TEST_CASE("the link caps bandwidth", "[timing][device][link]") {
     // Warm: fault the device pages in first, so the timed copy is the link, not page faults.
     std::memset(target.p, 1, bytes);
     // A shared 2-core machine can only slow a copy down, never speed it past the cap: every
-    // attempt must stay under the cap, and the best of three must be within 10% of it.
+    // attempt must stay under the cap, and the best of three must be within 10% of what the
+    // link can give here: the cap, or a plain memcpy of the same bytes when a loaded machine
+    // copies slower than that (timed beside each attempt).
     double best = 0.0;
-    for (int attempt = 0; attempt < 3 && !(best >= 0.9 * cap); ++attempt) {
+    double best_memcpy = 0.0;
+    const auto reachable = [&] { return std::min(cap, best_memcpy); };
+    std::vector<unsigned char> scratch(bytes, 1);  // the plain memcpy's target, faulted in
+    for (int attempt = 0; attempt < 3 && (attempt == 0 || best < 0.9 * reachable()); ++attempt) {
+      const auto start = std::chrono::steady_clock::now();
+      std::memcpy(scratch.data(), source.data(), bytes);
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      best_memcpy = std::max(best_memcpy, static_cast<double>(bytes) / took.count() / 1e9);
       auto before = dev->create_event();
       auto after = dev->create_event();
       dev->h2d_stream().record(*before);
@@ -166,9 +176,9 @@ TEST_CASE("the link caps bandwidth", "[timing][device][link]") {
       CHECK(gbps <= cap * 1.10);  // never faster than the cap
       best = std::max(best, gbps);
     }
-    INFO("cap " << cap << " GB/s, best of three " << best);
+    INFO("cap " << cap << " GB/s, best of three " << best << ", plain memcpy " << best_memcpy);
     if (!test::under_sanitizer) {
-      CHECK(best == Approx(cap).epsilon(0.10));
+      CHECK(best >= 0.9 * reachable());
     }
     CHECK(std::memcmp(target.p, source.data(), bytes) == 0);
   }
