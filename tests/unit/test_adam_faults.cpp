@@ -738,8 +738,11 @@ TEST_CASE(
     rig.build(policy);
     // No host undo memory: the ring is in HBM, counted in hbm_undo_bytes.
     std::uint64_t host_staging = 0;
-    for (const auto& [tier, bytes] : policy.snapshot().class_bytes[data_class::staging]) {
-      host_staging += bytes;
+    const placement_snapshot held = policy.snapshot();
+    if (const auto it = held.class_bytes.find(data_class::staging); it != held.class_bytes.end()) {
+      for (const auto& [tier, bytes] : it->second) {
+        host_staging += bytes;
+      }
     }
     CHECK(host_staging == 0);
     const std::size_t slots =
