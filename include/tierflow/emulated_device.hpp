@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tierflow/device.hpp"
 
@@ -53,8 +54,11 @@ class emulated_faults {
  public:
   virtual ~emulated_faults() = default;
   /** @brief The @p k-th copy (1 = the next) enqueued on @p on from now fails when it runs,
-   * without touching its destination. */
+   * without touching its destination. Replaces what was armed on @p on. */
   virtual void fail_copy(stream& on, unsigned k) = 0;
+  /** @brief Like fail_copy(), for each @p k of @p ks (counted from now): a second fault on
+   * the same stream, e.g. during the recovery from the first. Replaces what was armed. */
+  virtual void fail_copies(stream& on, std::vector<unsigned> ks) = 0;
   /** @brief The @p k-th device allocation from now throws out_of_capacity. */
   virtual void fail_allocation(unsigned k) = 0;
   /** @brief The next operation that runs on @p on first sleeps @p delay (a stalled stream). */

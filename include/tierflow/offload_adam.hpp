@@ -123,7 +123,9 @@ struct adam_options {
   double max_grad_norm = 0.0;
   /** Grads are divided by this before anything else (mixed-precision loss scaling); > 0. */
   double loss_scale = 1.0;
-  /** Streamed mode: HBM for staging the state (0: room for `window` + 2 chunks). */
+  /** Streamed mode: HBM for staging the state (0: room for `window` + 2 chunks). The undo ring
+   * (`min(chunks, window + 3)` chunks' master, m and v; every chunk when the window spans the
+   * plan) is allocated beside it, see adam_metrics::hbm_undo_bytes. */
   std::uint64_t hbm_budget_bytes = 0;
   std::uint64_t window = 2;  ///< streamed mode: chunks prefetched ahead
   /** Measured link and memory rates for `automatic`, GB/s; 0: the device's figure, or a
@@ -190,6 +192,8 @@ struct adam_metrics {
   std::uint64_t bytes_h2d = 0;
   std::uint64_t state_bytes = 0;             ///< master weights + moments in tiers
   std::uint64_t hbm_staging_peak_bytes = 0;  ///< streamed mode: most HBM its chunks held; cpu: 0
+  /** @brief streamed mode: HBM held by the undo ring, beside the staging budget; cpu: 0 */
+  std::uint64_t hbm_undo_bytes = 0;
   /** @brief `{"schema_version":1,"adam":{...}}` (keys in the README). */
   [[nodiscard]] std::string to_json() const;
 };

@@ -306,17 +306,27 @@ class emulated_stream final : public stream {
   const void* owner() const noexcept { return owner_; }
 
   // Fault hooks (thread-safe).
-  void fail_copy(unsigned k) { copy_fail_countdown_.store(k); }
+  void fail_copies(std::vector<unsigned> ks) {
+    const std::lock_guard lock(fault_mutex_);
+    copy_fail_at_ = std::move(ks);
+    copies_since_armed_ = 0;
+    copy_fault_armed_.store(!copy_fail_at_.empty());
+  }
   void delay_next(std::chrono::nanoseconds d) { delay_ns_.store(d.count()); }
   // Called at enqueue of a copy: whether this copy is the one to fail.
   bool take_copy_failure() {
-    auto left = copy_fail_countdown_.load();
-    while (left > 0) {
-      if (copy_fail_countdown_.compare_exchange_weak(left, left - 1)) {
-        return left == 1;
-      }
+    if (!copy_fault_armed_.load()) {
+      return false;
     }
-    return false;
+    const std::lock_guard lock(fault_mutex_);
+    ++copies_since_armed_;
+    const auto it = std::find(copy_fail_at_.begin(), copy_fail_at_.end(), copies_since_armed_);
+    if (it == copy_fail_at_.end()) {
+      return false;
+    }
+    copy_fail_at_.erase(it);
+    copy_fault_armed_.store(!copy_fail_at_.empty());
+    return true;
   }
 
   // The stream's pending failure (empty: none). Set by operations, taken by synchronize().
@@ -378,7 +388,10 @@ class emulated_stream final : public stream {
   bool stopping_ = false;
   std::mutex error_mutex_;
   std::string error_;
-  std::atomic<unsigned> copy_fail_countdown_{0};
+  std::mutex fault_mutex_;
+  std::vector<unsigned> copy_fail_at_;  // copies (1 = the first since armed) that fail
+  unsigned copies_since_armed_ = 0;
+  std::atomic<bool> copy_fault_armed_{false};
   std::atomic<std::int64_t> delay_ns_{0};
   std::thread worker_;
 };
@@ -501,7 +514,12 @@ class emulated_device_impl final : public emulated_device {
     }
   }
 
-  void fail_copy(stream& on, unsigned k) override { own(on).fail_copy(k); }
+  void fail_copy(stream& on, unsigned k) override {
+    own(on).fail_copies(k == 0 ? std::vector<unsigned>{} : std::vector<unsigned>{k});
+  }
+  void fail_copies(stream& on, std::vector<unsigned> ks) override {
+    own(on).fail_copies(std::move(ks));
+  }
   void fail_allocation(unsigned k) override { hbm_.fail_allocation(k); }
   void delay_stream(stream& on, std::chrono::nanoseconds delay) override {
     own(on).delay_next(delay);

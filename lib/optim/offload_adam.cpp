@@ -18,11 +18,12 @@
 // landed, so a failed grads copy leaves it untouched; a failed params upload comes after the
 // state has stepped, so the step counts as applied and the params are re-sent before the
 // next use (params_stale). streamed mode cannot roll back chunks whose write-back landed, so
-// it rolls forward: before a chunk is staged, the host copies its pre-step state into a small
-// undo ring; a chunk's slot is reused only once an event after its write-back has fired. On
-// failure the chunks whose write-back surely landed hold the step, the ring restores the
-// others to their pre-step state, and the host runs the step for those from their grads (the
-// same kernels, so the same bits); with no chunk written back the step is rolled back.
+// it rolls forward: once a chunk is staged, a device-to-device copy on the compute stream,
+// before its kernel, snapshots its pre-step state into a small undo ring in HBM; a chunk's
+// slot is reused only once an event after its write-back has fired. On failure the chunks
+// whose write-back surely landed hold the step, D2H copies from the ring restore the others
+// to their pre-step state, and the host runs the step for those from their grads (the same
+// kernels, so the same bits); with no chunk written back the step is rolled back.
 #include "tierflow/offload_adam.hpp"
 
 #include <algorithm>
@@ -249,8 +250,12 @@ struct offload_adam::impl {
   std::unique_ptr<prefetch_scheduler> scheduler;
   std::vector<std::array<buffer_id, 3>> chunk_buffers;  // master, m, v
   std::unique_ptr<detail::device_adam> device_side;
-  // The undo ring: each slot holds one chunk's pre-step master, m and v (3 × largest chunk).
-  std::vector<tier_allocation> undo;
+  // The undo ring, in HBM beside the scheduler's staging budget (one allocation): each slot
+  // holds one chunk's pre-step master, m and v (3 × largest chunk floats), copied from its
+  // staging on the compute stream before its kernel; undo_events[slot] is recorded after it.
+  void* undo_hbm = nullptr;
+  std::size_t undo_hbm_bytes = 0;
+  std::vector<std::unique_ptr<event>> undo_events;
   std::vector<std::size_t> undo_chunk;  // the chunk in each slot this step (none: empty)
   std::vector<char> written_back;       // per chunk: its write-back event was recorded
   // Whether an event recorded after a chunk's release covers its write-back: not when the
@@ -261,8 +266,11 @@ struct offload_adam::impl {
   // Reliability
   bool params_stale = false;  // the device params lag the master weights
   struct pending_step {
-    std::vector<std::size_t> chunks;  // still at the pre-step state
+    std::vector<std::size_t> chunks;  // at the pre-step state once `restore` is done
     std::vector<adam_scalars> scalars;
+    // (chunk, undo slot): chunks to copy back from the HBM undo ring first (their restore
+    // failed); those slots are not reused while the step is pending.
+    std::vector<std::pair<std::size_t, std::size_t>> restore;
     adam_step_result result;
   };
   std::optional<pending_step> pending;
@@ -282,6 +290,9 @@ struct offload_adam::impl {
     }
     for (const auto& r : registered) {
       r.locker->unlock(r.address, r.bytes);
+    }
+    if (undo_hbm != nullptr) {
+      dev.memory().deallocate(undo_hbm, undo_hbm_bytes);
     }
   }
 
@@ -305,7 +316,13 @@ struct offload_adam::impl {
   void resend_stale_params(const char* during);
   void settle_device() noexcept;
   [[nodiscard]] adam_step_error timed_out(const char* in_mode, const device_timeout& e) const;
-  void save_undo(const chunk_ref& c);
+  void save_undo(const chunk_ref& c, stream& on, const float* master, const float* m,
+                 const float* v);
+  float* undo_slot(std::size_t slot) const {
+    return static_cast<float*>(undo_hbm) + slot * 3 * largest_chunk;
+  }
+  bool restore_from_undo(const std::vector<std::pair<std::size_t, std::size_t>>& restore,
+                         std::string& failure);
   [[noreturn]] void recover_streamed(adam_step_result result,
                                      const std::vector<adam_scalars>& scalars,
                                      std::optional<std::size_t> acquired,
@@ -625,8 +642,11 @@ void offload_adam::impl::build_streamed() {
   for (const auto& c : chunks) {
     largest_chunk = std::max(largest_chunk, c.count);
   }
+  undo_hbm_bytes = slots * 3 * largest_chunk * sizeof(float);
+  undo_hbm = dev.memory().allocate(undo_hbm_bytes);
+  totals.hbm_undo_bytes = undo_hbm_bytes;
   for (std::size_t i = 0; i < slots; ++i) {
-    undo.push_back(placement.allocate(data_class::staging, 3 * largest_chunk * sizeof(float)));
+    undo_events.push_back(dev.create_event());
   }
   undo_chunk.assign(slots, chunks.size());
   written_back.assign(chunks.size(), 0);
@@ -820,7 +840,11 @@ adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) 
   std::optional<std::size_t> acquired;
   try {
     for (const auto& c : chunks) {
-      save_undo(c);
+      // The chunk's undo slot is free once its previous chunk is surely in its tier copy.
+      if (const std::size_t previous = undo_chunk[c.index % undo_chunk.size()];
+          previous < chunks.size()) {
+        chunk_events[previous]->synchronize();  // throws when its write-back failed
+      }
       const staged_step& staged = scheduler->acquire(c.index);
       acquired = c.index;
       param_state& p = groups[c.group].params[c.param];
@@ -830,6 +854,7 @@ adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) 
       auto* v = static_cast<float*>(staged.pointer(chunk_buffers[c.index][2]));
       const void* grad = static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb;
       void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
+      save_undo(c, staged.compute(), master, m, v);
       device_side->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
                           scalars[c.group]);
       acquired.reset();
@@ -856,19 +881,46 @@ adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) 
   return result;
 }
 
-// Copies chunk @p c's pre-step state into its undo slot, once the slot's previous chunk is
-// surely in its tier copy.
-void offload_adam::impl::save_undo(const chunk_ref& c) {
-  const std::size_t slot = c.index % undo.size();
-  if (const std::size_t previous = undo_chunk[slot]; previous < chunks.size()) {
-    chunk_events[previous]->synchronize();  // throws when its write-back failed
-  }
-  const param_state& p = groups[c.group].params[c.param];
-  auto* out = static_cast<float*>(undo[slot].data());
-  std::memcpy(out, p.master_p() + c.offset, c.count * sizeof(float));
-  std::memcpy(out + largest_chunk, p.moments_m() + c.offset, c.count * sizeof(float));
-  std::memcpy(out + 2 * largest_chunk, p.moments_v() + c.offset, c.count * sizeof(float));
+// Enqueues the snapshot of chunk @p c's staged pre-step state (@p master, @p m, @p v in HBM)
+// into its undo slot on @p on, the stream its kernel runs on: ordered after the fetch and
+// before the kernel without a host wait. The caller made sure the slot is free.
+void offload_adam::impl::save_undo(const chunk_ref& c, stream& on, const float* master,
+                                   const float* m, const float* v) {
+  const std::size_t slot = c.index % undo_chunk.size();
+  float* out = undo_slot(slot);
+  const std::size_t bytes = c.count * sizeof(float);
+  dev.copy_async(out, master, bytes, copy_kind::d2d, on);
+  dev.copy_async(out + largest_chunk, m, bytes, copy_kind::d2d, on);
+  dev.copy_async(out + 2 * largest_chunk, v, bytes, copy_kind::d2d, on);
+  on.record(*undo_events[slot]);
   undo_chunk[slot] = c.index;
+}
+
+// Copies each (chunk, slot) of @p restore from its HBM undo slot back to the chunk's tier
+// copy (D2H, the device idle); false (with the reason) when a copy fails, the slots intact.
+bool offload_adam::impl::restore_from_undo(
+    const std::vector<std::pair<std::size_t, std::size_t>>& restore, std::string& failure) {
+  if (restore.empty()) {
+    return true;
+  }
+  stream& d2h = dev.d2h_stream();
+  try {
+    for (const auto& [index, slot] : restore) {
+      const chunk_ref& c = chunks[index];
+      const param_state& p = groups[c.group].params[c.param];
+      const float* in = undo_slot(slot);
+      const std::size_t bytes = c.count * sizeof(float);
+      dev.copy_async(p.master_p() + c.offset, in, bytes, copy_kind::d2h, d2h);
+      dev.copy_async(p.moments_m() + c.offset, in + largest_chunk, bytes, copy_kind::d2h, d2h);
+      dev.copy_async(p.moments_v() + c.offset, in + 2 * largest_chunk, bytes, copy_kind::d2h, d2h);
+    }
+    d2h.synchronize();
+  } catch (const device_error& e) {
+    failure = e.what();
+    settle_device();
+    return false;
+  }
+  return true;
 }
 
 void offload_adam::impl::recover_streamed(adam_step_result result,
@@ -905,22 +957,44 @@ void offload_adam::impl::recover_streamed(adam_step_result result,
       }
     }
   }
-  // 3. The others go back to their pre-step state: those released had their pre-step copy
-  // saved in the ring (a slot is reused only after its chunk's write-back landed); those
-  // never released were never written.
-  for (std::size_t slot = 0; slot < undo.size(); ++slot) {
+  // 3. The others go back to their pre-step state: those whose snapshot ran have it in the
+  // HBM ring (a slot is reused only after its chunk's write-back landed) and are copied back;
+  // a snapshot that did not run (its event failed) means the stream had failed before it, so
+  // the chunk's kernel and write-back, ordered after it, did not run either; chunks never
+  // staged were never written.
+  std::vector<std::pair<std::size_t, std::size_t>> restore;
+  for (std::size_t slot = 0; slot < undo_chunk.size(); ++slot) {
     const std::size_t index = undo_chunk[slot];
     if (index >= chunks.size() || done[index] != 0) {
       continue;
     }
-    const chunk_ref& c = chunks[index];
-    const param_state& p = groups[c.group].params[c.param];
-    const auto* in = static_cast<const float*>(undo[slot].data());
-    std::memcpy(p.master_p() + c.offset, in, c.count * sizeof(float));
-    std::memcpy(p.moments_m() + c.offset, in + largest_chunk, c.count * sizeof(float));
-    std::memcpy(p.moments_v() + c.offset, in + 2 * largest_chunk, c.count * sizeof(float));
+    try {
+      undo_events[slot]->synchronize();
+      restore.emplace_back(index, slot);
+    } catch (const device_error&) {
+    }
   }
   const std::string where = "offload_adam::step (streamed mode): " + failure + "; ";
+  std::vector<std::size_t> rest;
+  for (const auto& c : chunks) {
+    if (done[c.index] == 0) {
+      rest.push_back(c.index);
+    }
+  }
+  // A failed restore is a second fault: the step is pending, and its completion retries the
+  // restore from the same slots first.
+  if (std::string restore_failure; !restore_from_undo(restore, restore_failure)) {
+    pending = pending_step{std::move(rest), scalars, restore, std::move(result)};
+    params_stale = true;
+    throw adam_step_error(
+        where + std::to_string(done_count) + " of " + std::to_string(chunks.size()) +
+            " chunks had been written back and restoring the others from the HBM undo copies "
+            "failed (" +
+            restore_failure +
+            "); the step is pending: the next step() restores them and completes it from the "
+            "grads on the device, which must not change before then",
+        adam_step_error::outcome::pending);
+  }
   // The kernels wrote the device params of every chunk they ran: derive them from the state.
   const auto resend = [this](std::string& text) {
     std::string upload_failure;
@@ -941,12 +1015,6 @@ void offload_adam::impl::recover_streamed(adam_step_result result,
     throw adam_step_error(text, adam_step_error::outcome::not_applied);
   }
   // 4. Complete the step on the host for the chunks still at their pre-step state.
-  std::vector<std::size_t> rest;
-  for (const auto& c : chunks) {
-    if (done[c.index] == 0) {
-      rest.push_back(c.index);
-    }
-  }
   // One try: a failure now is a second fault, and the pending step survives it.
   std::string host_failure;
   if (finish_on_host(rest, scalars, host_failure)) {
@@ -960,7 +1028,7 @@ void offload_adam::impl::recover_streamed(adam_step_result result,
     resend(text);
     throw adam_step_error(text, adam_step_error::outcome::applied);
   }
-  pending = pending_step{std::move(rest), scalars, std::move(result)};
+  pending = pending_step{std::move(rest), scalars, {}, std::move(result)};
   params_stale = true;
   throw adam_step_error(
       where + std::to_string(done_count) + " of " + std::to_string(chunks.size()) +
@@ -1008,7 +1076,10 @@ bool offload_adam::impl::finish_on_host(const std::vector<std::size_t>& rest,
 adam_step_result offload_adam::impl::complete_pending() {
   pending_step& todo = *pending;
   std::string failure;
-  if (!finish_on_host(todo.chunks, todo.scalars, failure)) {
+  if (restore_from_undo(todo.restore, failure)) {
+    todo.restore.clear();
+  }
+  if (!todo.restore.empty() || !finish_on_host(todo.chunks, todo.scalars, failure)) {
     throw adam_step_error("offload_adam::step: completing the pending step failed again (" +
                               failure +
                               "); it is still pending: call step() again once the fault is gone",
@@ -1338,6 +1409,7 @@ std::string adam_metrics::to_json() const {
   w.key("bytes_d2h").value(bytes_d2h).key("bytes_h2d").value(bytes_h2d);
   w.key("state_bytes").value(state_bytes);
   w.key("hbm_staging_peak_bytes").value(hbm_staging_peak_bytes);
+  w.key("hbm_undo_bytes").value(hbm_undo_bytes);
   w.end_object().end_object();
   return w.str();
 }

@@ -445,16 +445,20 @@ TEST_CASE("a failed or refused HBM allocation fails construction cleanly; cpu mo
     adam_rig rig(plan);
     const auto free_before = rig.dev().memory_free_bytes();
     const auto held_before = held();
-    // An injected allocation failure (the scheduler's staging budget is the one allocation).
-    rig.dev().fail_allocation(1);
-    try {
-      rig.build(policy);
-      FAIL("no error");
-    } catch (const out_of_capacity& e) {
-      CHECK_THAT(e.what(), Catch::Contains("emulated hbm (injected failure)"));
-      CHECK(e.requested_bytes() > 0);
+    // An injected allocation failure: the scheduler's staging budget (the first allocation)
+    // or the undo ring beside it (the second).
+    for (unsigned k : {1U, 2U}) {
+      INFO("allocation " << k);
+      rig.dev().fail_allocation(k);
+      try {
+        rig.build(policy);
+        FAIL("no error");
+      } catch (const out_of_capacity& e) {
+        CHECK_THAT(e.what(), Catch::Contains("emulated hbm (injected failure)"));
+        CHECK(e.requested_bytes() > 0);
+      }
+      CHECK(rig.dev().memory_free_bytes() == free_before);
     }
-    CHECK(rig.dev().memory_free_bytes() == free_before);
     CHECK(held() == held_before);
     // An HBM that others have filled: refused with what was asked and what was free.
     void* hog = rig.dev().memory().allocate(free_before);
@@ -557,6 +561,11 @@ TEST_CASE("a full host tier fails construction with the class and tier, and leak
           needed = t.tier == tier ? t.held_bytes : needed;
         }
       }
+      if (mode == adam_mode::streamed && cls == data_class::staging) {
+        // The undo ring lives in HBM: streamed mode holds no host staging.
+        CHECK(needed == 0);
+        continue;
+      }
       REQUIRE(needed > 0);
       auto policy = make_policy({{tier, uniform(gen, 0, needed - 1)}});
       adam_rig rig(plan);
@@ -583,7 +592,7 @@ TEST_CASE("a full host tier fails construction with the class and tier, and leak
       REQUIRE(rig.opt().step().applied);
     }
   }
-  CHECK(refused == 8);
+  CHECK(refused == 7);
   CHECK(test::thread_count() == threads_before);
 }
 
@@ -675,6 +684,123 @@ TEST_CASE(
     REQUIRE(rig.state() == reference.state());
     REQUIRE(rig.params() == reference.params());
     for (std::uint64_t s = 1; s < 3; ++s) {
+      reference.set_grads(s);
+      rig.set_grads(s);
+      REQUIRE(reference.opt().step().applied);
+      REQUIRE(rig.opt().step().applied);
+    }
+    REQUIRE(rig.state() == reference.state());
+    REQUIRE(rig.params() == reference.params());
+  }
+}
+
+TEST_CASE(
+    "streamed mode: chunks whose write-back did not surely land are restored from the HBM "
+    "undo ring; a fault during the restore leaves the step pending",
+    "[adam][faults]") {
+  auto gen = test::rng(1109);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  for (int round = 0; round < 6; ++round) {
+    auto plan = test::random_adam_plan(gen, adam_mode::streamed, 3000);
+    plan.options.chunk_elements = uniform(gen, 64, 256);
+    plan.groups[0][0].elements = 3000;
+    const std::size_t chunks = plan.chunk_count(false);
+    // Even rounds: the window is below the plan, so write-backs are tracked chunk by chunk.
+    // Odd rounds: the window spans the plan; write-backs wait for the end-of-step flush and
+    // none is trusted, so every chunk whose snapshot ran is restored.
+    const bool tracked = round % 2 == 0;
+    plan.options.window = tracked ? uniform(gen, 0, 2) : static_cast<unsigned>(chunks);
+    INFO((tracked ? "tracked" : "window spans the plan") << ", " << plan.describe());
+    adam_rig reference(plan);
+    adam_rig rig(plan);
+    reference.build(policy);
+    rig.build(policy);
+    // No host undo memory: the ring is in HBM, counted in hbm_undo_bytes.
+    std::uint64_t host_staging = 0;
+    const placement_snapshot held = policy.snapshot();
+    if (const auto it = held.class_bytes.find(data_class::staging); it != held.class_bytes.end()) {
+      for (const auto& [tier, bytes] : it->second) {
+        host_staging += bytes;
+      }
+    }
+    CHECK(host_staging == 0);
+    const std::size_t slots =
+        tracked ? std::min<std::size_t>(chunks, plan.options.window + 3) : chunks;
+    CHECK(rig.opt().metrics().hbm_undo_bytes ==
+          slots * 3 * plan.options.chunk_elements * sizeof(float));
+    auto& dev = rig.dev();
+    const auto expect_failure = [&](adam_step_error::outcome outcome,
+                                    const std::vector<std::string>& phrases) {
+      try {
+        (void)rig.opt().step();
+        FAIL("no error");
+      } catch (const adam_step_error& e) {
+        INFO(e.what());
+        CHECK(e.result() == outcome);
+        CHECK_THAT(e.what(), Catch::Contains("injected fault"));
+        for (const auto& phrase : phrases) {
+          CHECK_THAT(e.what(), Catch::Contains(phrase));
+        }
+      }
+    };
+    const std::string landed =
+        std::to_string(chunks - 2) + " of " + std::to_string(chunks) + " chunks";
+    reference.set_grads(0);
+    rig.set_grads(0);
+    REQUIRE(reference.opt().step().applied);
+    if (tracked) {
+      // The second write-back copy (m) of the last-but-one chunk fails: its master landed in
+      // the tier with the step and its m and v did not, and the last chunk's write-back is
+      // skipped. Neither is surely written back; only the undo ring has the former's pre-step
+      // master (a completion without the restore would step it twice). Every chunk is
+      // released before the failure is seen: 3 write-back copies each.
+      REQUIRE(chunks > plan.options.window + 1);
+      dev.fail_copy(dev.d2h_stream(), static_cast<unsigned>(3 * (chunks - 2) + 2));
+      expect_failure(adam_step_error::outcome::applied, {landed, "completed on the host"});
+      CHECK(rig.opt().params_current());
+      REQUIRE(rig.state() == reference.state());
+      REQUIRE(rig.params() == reference.params());
+      // Again, on the last chunk's m write-back (every chunk is then surely released: the
+      // step's write-backs are 3 × chunks D2H copies), and one of the restore's 3 copies (its
+      // master, m and v) fails too: pending.
+      reference.set_grads(1);
+      rig.set_grads(1);
+      REQUIRE(reference.opt().step().applied);
+      const auto before = rig.state();
+      dev.fail_copies(dev.d2h_stream(), {static_cast<unsigned>(3 * (chunks - 1) + 2),
+                                         static_cast<unsigned>(3 * chunks + uniform(gen, 1, 3))});
+      expect_failure(adam_step_error::outcome::pending,
+                     {std::to_string(chunks - 1) + " of " + std::to_string(chunks) + " chunks",
+                      "restoring the others from the HBM undo copies failed", "pending"});
+      CHECK_FALSE(rig.opt().params_current());
+      CHECK(rig.state() != before);  // half done, and known to be
+      CHECK(rig.state() != reference.state());
+      // The retry restores from the same slots, then completes the step on the host.
+      const auto r = rig.opt().step();
+      CHECK(r.applied);
+      CHECK(rig.opt().params_current());
+      CHECK(rig.opt().step_count(0) == 2);
+      REQUIRE(rig.state() == reference.state());
+      REQUIRE(rig.params() == reference.params());
+    } else {
+      // The last chunk's snapshot fails (3 D2D copies per chunk on the compute stream), so its
+      // kernel and write-back do not run, and it is not restored. The others may have been
+      // written back by the flush (when it ran before the failure was seen), but none is
+      // trusted: every one is restored from the ring, and the step is rolled back.
+      REQUIRE(rig.opt().step().applied);
+      const auto before = rig.state();
+      reference.set_grads(1);
+      rig.set_grads(1);
+      REQUIRE(reference.opt().step().applied);
+      dev.fail_copy(dev.compute_stream(), static_cast<unsigned>(3 * chunks - 2));
+      expect_failure(adam_step_error::outcome::not_applied, {"rolled back", "d2d copy"});
+      REQUIRE(rig.state() == before);
+      CHECK(rig.opt().params_current());
+      REQUIRE(rig.opt().step().applied);
+      REQUIRE(rig.state() == reference.state());
+    }
+    for (std::uint64_t s = 2; s < 4; ++s) {
       reference.set_grads(s);
       rig.set_grads(s);
       REQUIRE(reference.opt().step().applied);

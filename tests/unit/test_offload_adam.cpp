@@ -472,9 +472,18 @@ TEST_CASE("offload_adam matches the reference bit for bit in cpu and streamed mo
       CHECK(json["adam"]["mode"] == std::string(to_string(mode)));
       CHECK(json["adam"]["steps"] == 6);
       CHECK(json["adam"]["hbm_staging_peak_bytes"] == m.hbm_staging_peak_bytes);
+      CHECK(json["adam"]["hbm_undo_bytes"] == m.hbm_undo_bytes);
       if (mode == adam_mode::cpu) {
         CHECK(m.hbm_staging_peak_bytes == 0);  // no state in HBM
-      } else {  // some chunks staged, never more than the default budget: window + 2 chunks
+        CHECK(m.hbm_undo_bytes == 0);
+      } else {
+        // The undo ring: master, m and v of up to window + 3 chunks (every chunk when the
+        // window spans the plan).
+        CHECK(m.hbm_undo_bytes > 0);
+        CHECK(m.hbm_undo_bytes % (3 * sizeof(float)) == 0);
+        CHECK(m.hbm_undo_bytes <= m.chunks * 3 * o.chunk_elements *
+                                      sizeof(float));  // some chunks staged, never more than the
+                                                       // default budget: window + 2 chunks
         // of master, m and v (each slot rounded up to 256 B)
         CHECK(m.hbm_staging_peak_bytes > 0);
         CHECK(m.hbm_staging_peak_bytes <= (o.window + 2) * 3 * (o.chunk_elements * 4 + 256));
