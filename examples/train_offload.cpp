@@ -1012,7 +1012,7 @@ demo_calibration calibrate_demo(demo_options o, device& dev, const topology& top
   }
   // The last step's: the first ones also place and fault in the optimizer state.
   c.adam_s = r.adam->last_step_seconds;
-  c.adam_hbm = r.adam->hbm_staging_peak_bytes;
+  c.adam_hbm = r.adam->hbm_staging_peak_bytes + r.adam->hbm_undo_bytes;
   c.mode = std::string(to_string(r.adam->mode));
   return c;
 }
@@ -1461,7 +1461,8 @@ tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& w
             p.mode = std::string(to_string(r.adam->mode));
             p.step_s = median_after(r.step_seconds, t.warmup_steps);
             p.stall = r.sched.stall_fraction;
-            p.hbm = r.sched.hbm_staging_peak_bytes + r.adam->hbm_staging_peak_bytes;
+            p.hbm = r.sched.hbm_staging_peak_bytes + r.adam->hbm_staging_peak_bytes +
+                    r.adam->hbm_undo_bytes;
             progress(t, p);
           }
           s.points.push_back(p);
