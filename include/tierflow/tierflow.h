@@ -26,11 +26,28 @@ typedef enum tf_status {
   TF_ERR_INTERNAL = 6          /* anything else */
 } tf_status;
 
-typedef enum tf_dtype { TF_DTYPE_F32 = 0, TF_DTYPE_BF16 = 1, TF_DTYPE_F16 = 2 } tf_dtype;
+/* The *_ENUM_MAX values are not values to pass: they make each enum as wide as an int, so
+ * that any int a caller passes is a value the library can check and refuse
+ * (TF_ERR_INVALID_ARGUMENT), not undefined behaviour. */
+typedef enum tf_dtype {
+  TF_DTYPE_F32 = 0,
+  TF_DTYPE_BF16 = 1,
+  TF_DTYPE_F16 = 2,
+  TF_DTYPE_ENUM_MAX = 0x7fffffff
+} tf_dtype;
 
-typedef enum tf_adam_mode { TF_ADAM_CPU = 0, TF_ADAM_STREAMED = 1, TF_ADAM_AUTO = 2 } tf_adam_mode;
+typedef enum tf_adam_mode {
+  TF_ADAM_CPU = 0,
+  TF_ADAM_STREAMED = 1,
+  TF_ADAM_AUTO = 2,
+  TF_ADAM_MODE_ENUM_MAX = 0x7fffffff
+} tf_adam_mode;
 
-typedef enum tf_copy_kind { TF_COPY_H2D = 0, TF_COPY_D2H = 1 } tf_copy_kind;
+typedef enum tf_copy_kind {
+  TF_COPY_H2D = 0,
+  TF_COPY_D2H = 1,
+  TF_COPY_KIND_ENUM_MAX = 0x7fffffff
+} tf_copy_kind;
 
 /* A group's hyper-parameters (tf_adam_hyper_default fills PyTorch's AdamW defaults). */
 typedef struct tf_adam_hyper {

@@ -87,6 +87,8 @@ tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
       return tierflow::param_dtype::bf16;
     case TF_DTYPE_F16:
       return tierflow::param_dtype::f16;
+    default:
+      break;
   }
   throw tierflow::error("params[" + std::to_string(index) + "]: unknown dtype " +
                         std::to_string(static_cast<int>(d)));

@@ -243,7 +243,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "streamed mode: a step with no chunk written back is rolled back; one that had "
+    "streamed mode: a step with no chunk written back is rolled back, one that had "
     "written some back is completed on the host",
     "[adam][faults]") {
   auto gen = test::rng(1103);
@@ -346,8 +346,9 @@ TEST_CASE("a stalled stream delays the step, which then completes (there is no t
   }
 }
 
-TEST_CASE("a stall past device_timeout_s fails the step as not applied; the retry runs after it",
-          "[adam][faults][timing]") {
+TEST_CASE(
+    "a stall past device_timeout_s fails the step as not applied, and the retry runs after it",
+    "[adam][faults][timing]") {
   using namespace std::chrono_literals;
   auto gen = test::rng(1108);
   const topology topo = topology::discover();
@@ -426,7 +427,7 @@ TEST_CASE("device_timeout_s must be finite and >= 0", "[adam][faults]") {
   }
 }
 
-TEST_CASE("a failed or refused HBM allocation fails construction cleanly; cpu mode needs none",
+TEST_CASE("a failed or refused HBM allocation fails construction cleanly, cpu mode needs none",
           "[adam][faults]") {
   auto gen = test::rng(1105);
   const topology topo = topology::discover();
@@ -696,7 +697,7 @@ TEST_CASE(
 
 TEST_CASE(
     "streamed mode: chunks whose write-back did not surely land are restored from the HBM "
-    "undo ring; a fault during the restore leaves the step pending",
+    "undo ring, a fault during the restore leaves the step pending",
     "[adam][faults]") {
   auto gen = test::rng(1109);
   const topology topo = topology::discover();

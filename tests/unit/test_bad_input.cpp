@@ -96,7 +96,7 @@ std::size_t bad_alignment(std::mt19937_64& gen) {
 
 // --- memory -------------------------------------------------------------------------------
 
-TEST_CASE("bad input: a bad alignment names the resource and the value; counters stay put",
+TEST_CASE("bad input: a bad alignment names the resource and the value, counters stay put",
           "[bad_input][memory]") {
   auto gen = test::rng(0xbad0);
   numa_resource numa(on_node0());

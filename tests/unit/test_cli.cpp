@@ -607,7 +607,7 @@ std::map<int, int> cpu_nodes_of_this_machine() {
 
 }  // namespace
 
-TEST_CASE("bench --list names every case; --case selects by name or prefix", "[cli][bench]") {
+TEST_CASE("bench --list names every case, --case selects by name or prefix", "[cli][bench]") {
   const auto all = run_cli({"bench", "--list"});
   REQUIRE(all.exit_code == 0);
   for (const auto& name : bench_case_names) {

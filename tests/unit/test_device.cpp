@@ -184,7 +184,7 @@ TEST_CASE("the link caps bandwidth", "[timing][device][link]") {
   }
 }
 
-TEST_CASE("full duplex runs both directions at once; half duplex shares",
+TEST_CASE("full duplex runs both directions at once, half duplex shares",
           "[timing][device][link]") {
   const std::size_t bytes = 32 * mib;  // 32 ms each way at 1 GB/s
   std::vector<unsigned char> host_in(bytes, 7), host_out(bytes, 0);

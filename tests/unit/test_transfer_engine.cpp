@@ -115,7 +115,7 @@ TEST_CASE("a failed chunk fails its transfer, which is not counted", "[transfer]
   dev->memory().deallocate(d, bytes);
 }
 
-TEST_CASE("routes can be replaced; bad options are errors", "[transfer]") {
+TEST_CASE("routes can be replaced, bad options are errors", "[transfer]") {
   auto dev = make_device(20.0);
   CHECK_THROWS_AS(transfer_engine(*dev, transfer_options{0, 1}), error);
   CHECK_THROWS_AS(transfer_engine(*dev, transfer_options{mib, 0}), error);
