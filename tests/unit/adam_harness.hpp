@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -383,8 +384,15 @@ inline std::uint64_t proc_status_value(const std::string& key) {
   return 0;
 }
 
-/** Threads of this process now. */
+/** Threads of this process now. The first thread a process starts also starts a sanitizer's
+ * own background thread (ThreadSanitizer's): one thread is started and joined first, so that
+ * a count taken before a test's threads and one taken after them compare alike. */
 inline std::uint64_t thread_count() {
+  static const bool settled = [] {
+    std::thread([] {}).join();
+    return true;
+  }();
+  (void)settled;
   return proc_status_value("Threads:");
 }
 

@@ -237,11 +237,12 @@ TEST_CASE("demo trains with offload, writes its files and verifies bit for bit",
   }
   CHECK(j["scheduler"]["window"] == 1);
   // Achieved against benchmarked: the probe's copies alone run near the 20 GB/s cap (and never
-  // beyond it), the run's average (compute included) well below.
+  // beyond it; under a sanitizer only that), the run's average (compute included) below.
   const auto& link = j["link"];
-  CHECK(link["h2d_benchmarked_gbps"].get<double>() > 2.0);
+  const double slowest = tierflow::test::under_sanitizer ? 0.0 : 2.0;
+  CHECK(link["h2d_benchmarked_gbps"].get<double>() > slowest);
   CHECK(link["h2d_benchmarked_gbps"].get<double>() < 20.0 * 1.1);
-  CHECK(link["d2h_benchmarked_gbps"].get<double>() > 2.0);
+  CHECK(link["d2h_benchmarked_gbps"].get<double>() > slowest);
   CHECK(link["h2d_achieved_gbps"].get<double>() < link["h2d_benchmarked_gbps"].get<double>());
   // The weights were streamed: each iteration fetches every layer for the forward pass and,
   // but for the last one (still staged when the backward pass starts), again for the backward.
