@@ -83,9 +83,23 @@ inline std::vector<adam_kernel> kernels_here() {
 }
 
 /** A random plan for @p mode with params of at most @p max_elements. */
+/** Random hyper-parameters across their useful ranges: lr 1e-4..1e-2, both decay modes, bias
+ * correction on or off. */
+inline adam_hyper random_hyper(std::mt19937_64& gen) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  adam_hyper h;
+  h.lr = std::pow(10.0, -4 + 2 * u(gen));
+  h.beta1 = 0.8 + 0.19 * u(gen);
+  h.beta2 = 0.95 + 0.0499 * u(gen);
+  h.eps = std::pow(10.0, -9 + 3 * u(gen));
+  h.weight_decay = u(gen) < 0.3 ? 0.0 : 0.1 * u(gen);
+  h.decay = u(gen) < 0.5 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
+  h.bias_correction = u(gen) < 0.8;
+  return h;
+}
+
 inline adam_plan random_adam_plan(std::mt19937_64& gen, adam_mode mode, std::size_t max_elements) {
   constexpr param_dtype dtypes[] = {param_dtype::f32, param_dtype::bf16, param_dtype::f16};
-  std::uniform_real_distribution<double> u(0.0, 1.0);
   adam_plan plan;
   plan.seed = gen();
   const std::size_t groups = uniform(gen, 1, 3);
@@ -97,15 +111,7 @@ inline adam_plan random_adam_plan(std::mt19937_64& gen, adam_mode mode, std::siz
       p.on_host = mode == adam_mode::cpu && uniform(gen, 0, 5) == 0;
     }
     plan.groups.push_back(std::move(params));
-    adam_hyper h;
-    h.lr = std::pow(10.0, -4 + 2 * u(gen));
-    h.beta1 = 0.8 + 0.19 * u(gen);
-    h.beta2 = 0.95 + 0.0499 * u(gen);
-    h.eps = std::pow(10.0, -9 + 3 * u(gen));
-    h.weight_decay = u(gen) < 0.3 ? 0.0 : 0.1 * u(gen);
-    h.decay = u(gen) < 0.5 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
-    h.bias_correction = u(gen) < 0.8;
-    plan.hyper.push_back(h);
+    plan.hyper.push_back(random_hyper(gen));
   }
   plan.options.mode = mode;
   plan.options.chunk_elements = uniform(gen, 64, 2048);

@@ -67,19 +67,6 @@ std::vector<float> normal_values(std::size_t n, float scale, std::mt19937_64& ge
   return v;
 }
 
-adam_hyper random_hyper(std::mt19937_64& gen) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  adam_hyper h;
-  h.lr = std::pow(10.0, -4 + 2 * u(gen));
-  h.beta1 = 0.8 + 0.19 * u(gen);
-  h.beta2 = 0.95 + 0.0499 * u(gen);
-  h.eps = std::pow(10.0, -9 + 3 * u(gen));
-  h.weight_decay = u(gen) < 0.3 ? 0.0 : 0.1 * u(gen);
-  h.decay = u(gen) < 0.5 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
-  h.bias_correction = u(gen) < 0.8;
-  return h;
-}
-
 // The test's own statement of the scalars: double math, one rounding to float.
 adam_scalars scalars_of(const adam_hyper& h, std::uint64_t t, double grad_scale) {
   adam_scalars s;
@@ -139,7 +126,7 @@ TEST_CASE("the Adam kernels match the scalar formula bit for bit", "[adam]") {
   auto gen = test::rng(701);
   for (int round = 0; round < 30; ++round) {
     const std::size_t n = pick(gen, 1, 3000);
-    const adam_hyper h = random_hyper(gen);
+    const adam_hyper h = test::random_hyper(gen);
     const auto s =
         scalars_of(h, pick(gen, 1, 50), 0.25 + static_cast<double>(pick(gen, 0, 100)) / 100);
     const param_dtype dtype = all_dtypes[pick(gen, 0, 2)];
@@ -412,7 +399,7 @@ void random_model(model& mdl, std::mt19937_64& gen, std::size_t max_elements) {
       mdl.add(g, "g" + std::to_string(g) + ".w" + std::to_string(i), all_dtypes[pick(gen, 0, 2)],
               normal_values(pick(gen, 1, max_elements), 1.0f, gen));
     }
-    mdl.hyper[g] = random_hyper(gen);
+    mdl.hyper[g] = test::random_hyper(gen);
   }
 }
 
@@ -500,8 +487,8 @@ TEST_CASE("clipping scales every group's grads by one global factor", "[adam]") 
   model mdl(*dev);
   mdl.add(0, "a", param_dtype::f32, normal_values(700, 1.0f, gen));
   mdl.add(1, "b", param_dtype::f32, normal_values(300, 1.0f, gen));
-  mdl.hyper[0] = random_hyper(gen);
-  mdl.hyper[1] = random_hyper(gen);
+  mdl.hyper[0] = test::random_hyper(gen);
+  mdl.hyper[1] = test::random_hyper(gen);
   adam_options o;
   o.mode = adam_mode::cpu;
   o.max_grad_norm = 1.0;
@@ -834,7 +821,7 @@ TEST_CASE("truncated, corrupted and mismatched checkpoints are refused, state un
   model mdl(*dev);
   mdl.add(0, "w", param_dtype::bf16, normal_values(3000, 1.0f, gen));
   mdl.add(0, "b", param_dtype::f32, normal_values(77, 1.0f, gen));
-  mdl.hyper[0] = random_hyper(gen);
+  mdl.hyper[0] = test::random_hyper(gen);
   adam_options o;
   o.mode = adam_mode::cpu;
   o.chunk_elements = 512;
