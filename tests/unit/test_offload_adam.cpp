@@ -56,17 +56,6 @@ std::vector<float> decode(const unsigned char* raw, std::size_t n, param_dtype d
   return out;
 }
 
-std::vector<float> normal_values(std::size_t n, float scale, std::mt19937_64& gen) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    do {
-      x = dist(gen);
-    } while (x == 0.0f);
-  }
-  return v;
-}
-
 // The test's own statement of the scalars: double math, one rounding to float.
 adam_scalars scalars_of(const adam_hyper& h, std::uint64_t t, double grad_scale) {
   adam_scalars s;
@@ -130,13 +119,13 @@ TEST_CASE("the Adam kernels match the scalar formula bit for bit", "[adam]") {
     const auto s =
         scalars_of(h, pick(gen, 1, 50), 0.25 + static_cast<double>(pick(gen, 0, 100)) / 100);
     const param_dtype dtype = all_dtypes[pick(gen, 0, 2)];
-    const auto p0 = normal_values(n, 1.0f, gen);
-    const auto m0 = normal_values(n, 0.01f, gen);
-    auto v0 = normal_values(n, 0.001f, gen);
+    const auto p0 = test::nonzero_normals(n, 1.0f, gen);
+    const auto m0 = test::nonzero_normals(n, 0.01f, gen);
+    auto v0 = test::nonzero_normals(n, 0.001f, gen);
     for (auto& x : v0) {
       x = std::fabs(x);
     }
-    const auto graw = test::encode_values(normal_values(n, 0.1f, gen), dtype);
+    const auto graw = test::encode_values(test::nonzero_normals(n, 0.1f, gen), dtype);
     const auto g = decode(graw.data(), n, dtype);
     std::vector<float> rp = p0, rm = m0, rv = v0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -164,7 +153,7 @@ TEST_CASE("a non-finite grad makes the sum of squares non-finite in every kernel
         std::numeric_limits<float>::quiet_NaN()}) {
     for (param_dtype dtype : all_dtypes) {
       const std::size_t n = pick(gen, 1, 500);
-      auto values = normal_values(n, 1.0f, gen);
+      auto values = test::nonzero_normals(n, 1.0f, gen);
       values[pick(gen, 0, n - 1)] = bad;
       const auto raw = test::encode_values(values, dtype);
       for (adam_kernel k : kernels_here()) {
@@ -328,7 +317,7 @@ struct model {
     std::vector<std::vector<std::vector<float>>> out(groups.size());
     for (std::size_t g = 0; g < groups.size(); ++g) {
       for (const auto& t : groups[g]) {
-        out[g].push_back(normal_values(t.n, scale, gen));
+        out[g].push_back(test::nonzero_normals(t.n, scale, gen));
       }
     }
     return out;
@@ -397,7 +386,7 @@ void random_model(model& mdl, std::mt19937_64& gen, std::size_t max_elements) {
     const std::size_t params = pick(gen, 1, 3);
     for (std::size_t i = 0; i < params; ++i) {
       mdl.add(g, "g" + std::to_string(g) + ".w" + std::to_string(i), all_dtypes[pick(gen, 0, 2)],
-              normal_values(pick(gen, 1, max_elements), 1.0f, gen));
+              test::nonzero_normals(pick(gen, 1, max_elements), 1.0f, gen));
     }
     mdl.hyper[g] = test::random_hyper(gen);
   }
@@ -485,8 +474,8 @@ TEST_CASE("clipping scales every group's grads by one global factor", "[adam]") 
   auto policy = host_placement(topo);
   auto dev = adam_device();
   model mdl(*dev);
-  mdl.add(0, "a", param_dtype::f32, normal_values(700, 1.0f, gen));
-  mdl.add(1, "b", param_dtype::f32, normal_values(300, 1.0f, gen));
+  mdl.add(0, "a", param_dtype::f32, test::nonzero_normals(700, 1.0f, gen));
+  mdl.add(1, "b", param_dtype::f32, test::nonzero_normals(300, 1.0f, gen));
   mdl.hyper[0] = test::random_hyper(gen);
   mdl.hyper[1] = test::random_hyper(gen);
   adam_options o;
@@ -555,7 +544,7 @@ TEST_CASE("bad arguments to offload_adam are clear errors", "[adam]") {
   auto policy = host_placement(topo);
   auto dev = adam_device();
   model mdl(*dev);
-  mdl.add(0, "w", param_dtype::f32, normal_values(100, 1.0f, gen));
+  mdl.add(0, "w", param_dtype::f32, test::nonzero_normals(100, 1.0f, gen));
   const auto expect_error =
       [&](const std::function<void(std::vector<adam_group>&, adam_options&)>& spoil,
           const std::string& words) {
@@ -603,7 +592,7 @@ TEST_CASE("auto mode chooses from the rates and says why", "[adam]") {
   auto policy = host_placement(topo);
   auto dev = adam_device();
   model mdl(*dev);
-  mdl.add(0, "w", param_dtype::bf16, normal_values(1000, 1.0f, gen));
+  mdl.add(0, "w", param_dtype::bf16, test::nonzero_normals(1000, 1.0f, gen));
   adam_options o;
   o.mode = adam_mode::automatic;
   o.host_memory_gbps = 100;  // memory far faster than the link: the step stays on the CPU
@@ -629,7 +618,7 @@ TEST_CASE("auto mode takes the host memory rate tierflow bench measured", "[adam
   const topology plain = topology::discover(d);
   auto dev = adam_device();
   model mdl(*dev);
-  mdl.add(0, "w", param_dtype::f32, normal_values(1000, 1.0f, gen));
+  mdl.add(0, "w", param_dtype::f32, test::nonzero_normals(1000, 1.0f, gen));
   adam_options o;
   o.mode = adam_mode::automatic;
   o.h2d_gbps = o.d2h_gbps = 400;
@@ -819,8 +808,8 @@ TEST_CASE("truncated, corrupted and mismatched checkpoints are refused, state un
   test::scratch_dir dir;
   auto dev = adam_device();
   model mdl(*dev);
-  mdl.add(0, "w", param_dtype::bf16, normal_values(3000, 1.0f, gen));
-  mdl.add(0, "b", param_dtype::f32, normal_values(77, 1.0f, gen));
+  mdl.add(0, "w", param_dtype::bf16, test::nonzero_normals(3000, 1.0f, gen));
+  mdl.add(0, "b", param_dtype::f32, test::nonzero_normals(77, 1.0f, gen));
   mdl.hyper[0] = test::random_hyper(gen);
   adam_options o;
   o.mode = adam_mode::cpu;
@@ -892,8 +881,8 @@ TEST_CASE("truncated, corrupted and mismatched checkpoints are refused, state un
 
   // A checkpoint of another shape.
   model other(*dev);
-  other.add(0, "w", param_dtype::bf16, normal_values(3001, 1.0f, gen));
-  other.add(0, "b", param_dtype::f32, normal_values(77, 1.0f, gen));
+  other.add(0, "w", param_dtype::bf16, test::nonzero_normals(3001, 1.0f, gen));
+  other.add(0, "b", param_dtype::f32, test::nonzero_normals(77, 1.0f, gen));
   offload_adam other_opt(*dev, other.describe(), o, policy);
   const auto mismatched = dir.path() / "other.tfck";
   other_opt.save(mismatched);
