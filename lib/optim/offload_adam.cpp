@@ -316,6 +316,8 @@ struct offload_adam::impl {
   void resend_stale_params(const char* during);
   void settle_device() noexcept;
   [[nodiscard]] adam_step_error timed_out(const char* in_mode, const device_timeout& e) const;
+  [[nodiscard]] adam_step_error failed_before_update(const char* in_mode, const char* what,
+                                                     const device_error& e);
   void save_undo(const chunk_ref& c, stream& on, const float* master, const float* m,
                  const float* v);
   float* undo_slot(std::size_t slot) const {
@@ -711,14 +713,7 @@ adam_step_result offload_adam::impl::run_cpu_step(adam_step_result result) {
       // The work stays queued (the next step's copies run after it): nothing to settle.
       throw timed_out("cpu", e);
     } catch (const device_error& e) {
-      // The state is untouched; let the copies still queued finish before reporting.
-      settle_device();
-      throw adam_step_error(
-          "offload_adam::step (cpu mode): copying the grads to the host failed, so the step "
-          "was not applied and the state is as before; call step() again once the fault is "
-          "gone: " +
-              std::string(e.what()),
-          adam_step_error::outcome::not_applied);
+      throw failed_before_update("cpu", "copying the grads to the host", e);
     }
   }
   totals.grad_seconds += seconds_since(grads_start);
@@ -823,13 +818,7 @@ adam_step_result offload_adam::impl::run_streamed_step(adam_step_result result) 
   } catch (const device_timeout& e) {
     throw timed_out("streamed", e);  // the work stays queued; the next step runs after it
   } catch (const device_error& e) {
-    settle_device();
-    throw adam_step_error(
-        "offload_adam::step (streamed mode): the grad norm pass on the device failed, so the "
-        "step was not applied and the state is as before; call step() again once the fault "
-        "is gone: " +
-            std::string(e.what()),
-        adam_step_error::outcome::not_applied);
+    throw failed_before_update("streamed", "the grad norm pass on the device", e);
   }
   std::vector<adam_scalars> scalars;
   if (!judge_grads(result, scalars)) {
@@ -1074,12 +1063,12 @@ bool offload_adam::impl::finish_on_host(const std::vector<std::size_t>& rest,
 }
 
 adam_step_result offload_adam::impl::complete_pending() {
-  pending_step& todo = *pending;
+  pending_step& waiting = *pending;
   std::string failure;
-  if (restore_from_undo(todo.restore, failure)) {
-    todo.restore.clear();
+  if (restore_from_undo(waiting.restore, failure)) {
+    waiting.restore.clear();
   }
-  if (!todo.restore.empty() || !finish_on_host(todo.chunks, todo.scalars, failure)) {
+  if (!waiting.restore.empty() || !finish_on_host(waiting.chunks, waiting.scalars, failure)) {
     throw adam_step_error("offload_adam::step: completing the pending step failed again (" +
                               failure +
                               "); it is still pending: call step() again once the fault is gone",
@@ -1088,7 +1077,7 @@ adam_step_result offload_adam::impl::complete_pending() {
   for (auto& g : groups) {
     ++g.steps;
   }
-  adam_step_result result = std::move(todo.result);
+  adam_step_result result = std::move(waiting.result);
   result.applied = true;
   pending.reset();
   if (std::string upload_failure; !try_upload_params(upload_failure)) {
@@ -1108,6 +1097,18 @@ adam_step_error offload_adam::impl::timed_out(const char* in_mode, const device_
                              " s (device_timeout_s), so the step was not applied and the state "
                              "is as before; the work stays queued, and the next step() waits "
                              "for it first",
+                         adam_step_error::outcome::not_applied);
+}
+
+// A failure of the work a step waits for before it changes any state: the state is untouched;
+// the copies still queued are let finish (and their failures taken) before reporting.
+adam_step_error offload_adam::impl::failed_before_update(const char* in_mode, const char* what,
+                                                         const device_error& e) {
+  settle_device();
+  return adam_step_error(std::string("offload_adam::step (") + in_mode + " mode): " + what +
+                             " failed, so the step was not applied and the state is as before; "
+                             "call step() again once the fault is gone: " +
+                             e.what(),
                          adam_step_error::outcome::not_applied);
 }
 
