@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 #include "optim/adam_kernels.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/offload_adam.hpp"

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 
 namespace tierflow::bench {
 

@@ -12,7 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 #include "cuda_reference.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/numa_resource.hpp"

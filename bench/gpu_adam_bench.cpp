@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 #include "optim/adam_internal.hpp"
 #include "optim/adam_kernels.hpp"
 #include "tierflow/device.hpp"

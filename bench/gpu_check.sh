@@ -267,7 +267,7 @@ if [[ $no_gpu -eq 0 && -z $build_dir ]]; then
 fi
 mkdir -p "$build_dir"  # a failed configure still gets its table
 build_dir=$(cd "$build_dir" && pwd) || exit 2
-cli="$build_dir/bench/tierflow"
+cli="$build_dir/bin/tierflow"
 device_bench="$build_dir/bench/tierflow-device-bench"
 adam_bench="$build_dir/bench/tierflow-gpu-adam-bench"
 for b in "$cli" "$device_bench" "$adam_bench"; do

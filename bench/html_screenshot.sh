@@ -5,7 +5,7 @@
 # Usage: bench/html_screenshot.sh [TIERFLOW_BINARY] [OUT_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tierflow=${1:-$here/build/release/bench/tierflow}
+tierflow=${1:-$here/build/release/bin/tierflow}
 out=${2:-$here/build/bench-html}
 mkdir -p "$out"
 if ! command -v chromium >/dev/null; then

@@ -10,7 +10,7 @@
 # Installs likwid (Debian package) when missing; needs root for that.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tierflow=${1:-$here/build/release/bench/tierflow}
+tierflow=${1:-$here/build/release/bin/tierflow}
 rounds=${2:-5}
 shift $(( $# > 2 ? 2 : $# ))
 threads=("$@")

@@ -14,7 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 #include "tierflow/numa_resource.hpp"
 #include "tierflow/pinned_resource.hpp"
 #include "tierflow/pool_resource.hpp"

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <time.h>
 
-#include "bench_util.hpp"
+#include "common/bench_util.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
 

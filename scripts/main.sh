@@ -10,6 +10,6 @@ tierflow_install_packages
 
 cmake --preset release >/dev/null
 cmake --build --preset release --target tierflow_cli
-./build/release/bench/tierflow topo
+./build/release/bin/tierflow topo
 echo
-./build/release/bench/tierflow demo --verify "$@"
+./build/release/bin/tierflow demo --verify "$@"

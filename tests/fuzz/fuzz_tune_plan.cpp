@@ -1,7 +1,7 @@
-// Workload files of `tierflow tune --plan` (bench/tune_plan.cpp, compiled in: the fuzz preset
-// builds no CLI).
+// Workload files of `tierflow tune --plan` (tools/tierflow/tune/tune_plan.cpp, in the CLI's
+// library tierflow_cli).
 #include "fuzz_support.hpp"
-#include "tune_plan.hpp"
+#include "tune/tune_plan.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   tierflow::fuzz::expect_clean([&] {

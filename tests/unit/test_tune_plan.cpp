@@ -1,5 +1,5 @@
-// The workload files of `tierflow tune --plan` (bench/tune_plan.cpp): random valid plans parse
-// to what they say; each kind of bad plan is rejected with one line naming the problem.
+// The workload files of `tierflow tune --plan` (tools/tierflow/tune/tune_plan.cpp): random valid
+// plans parse to what they say; each kind of bad plan is rejected with one line naming the problem.
 
 #include <set>
 #include <string>
@@ -9,7 +9,7 @@
 
 #include "test_support.hpp"
 #include "tierflow/error.hpp"
-#include "tune_plan.hpp"
+#include "tune/tune_plan.hpp"
 
 using nlohmann::json;
 using tierflow::cli::parse_tune_plan;

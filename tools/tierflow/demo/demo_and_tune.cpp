@@ -36,9 +36,9 @@
 #include <unistd.h>
 
 #include "commands.hpp"
-#include "demo_kernels.hpp"
-#include "format.hpp"
-#include "svg_chart.hpp"
+#include "common/format.hpp"
+#include "common/svg_chart.hpp"
+#include "demo/demo_kernels.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
@@ -47,7 +47,7 @@
 #include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/schedule_model.hpp"
 #include "tierflow/topology.hpp"
-#include "tune_plan.hpp"
+#include "tune/tune_plan.hpp"
 
 namespace tierflow::cli {
 

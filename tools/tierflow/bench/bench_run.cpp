@@ -1,4 +1,4 @@
-#include "bench_run.hpp"
+#include "bench/bench_run.hpp"
 
 #include <algorithm>
 #include <barrier>
@@ -16,9 +16,9 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include "bench_util.hpp"
+#include "bench/stream_kernels.hpp"
+#include "common/bench_util.hpp"
 #include "optim/adam_kernels.hpp"
-#include "stream_kernels.hpp"
 #include "tierflow/build_config.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/error.hpp"

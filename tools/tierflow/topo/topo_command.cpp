@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "format.hpp"
+#include "common/format.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/numa_resource.hpp"

@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "demo_kernels.hpp"
+#include "demo/demo_kernels.hpp"
 
 namespace tierflow::cli::demo_cuda {
 

@@ -1,4 +1,4 @@
-#include "stream_kernels.hpp"
+#include "bench/stream_kernels.hpp"
 
 #include <immintrin.h>
 

@@ -1,6 +1,6 @@
 // Inline-SVG line charts (see svg_chart.hpp).
 
-#include "svg_chart.hpp"
+#include "common/svg_chart.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "format.hpp"
+#include "common/format.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,7 +1,7 @@
 // The HTML report of `tierflow bench`: everything inline (SVG charts, CSS), so the file opens
 // offline, mails as one attachment and screenshots in headless Chromium.
 
-#include "bench_html.hpp"
+#include "bench/bench_html.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "svg_chart.hpp"
+#include "common/svg_chart.hpp"
 
 namespace tierflow::cli {
 namespace {

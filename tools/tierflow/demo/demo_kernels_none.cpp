@@ -1,5 +1,5 @@
 // Built without CUDA: the demo's kernels do not exist (a CUDA device cannot be opened either).
-#include "demo_kernels.hpp"
+#include "demo/demo_kernels.hpp"
 
 namespace tierflow::cli::demo_cuda {
 

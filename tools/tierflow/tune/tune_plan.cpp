@@ -1,4 +1,4 @@
-#include "tune_plan.hpp"
+#include "tune/tune_plan.hpp"
 
 #include <cmath>
 #include <fstream>

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "bench_html.hpp"
-#include "bench_run.hpp"
+#include "bench/bench_html.hpp"
+#include "bench/bench_run.hpp"
 #include "commands.hpp"
-#include "format.hpp"
-#include "svg_chart.hpp"
+#include "common/format.hpp"
+#include "common/svg_chart.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/topology.hpp"
 
