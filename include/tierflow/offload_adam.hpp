@@ -20,14 +20,15 @@
  * changes and no step counts.
  *
  * Reliability (docs/reliability.md): a step is all or nothing. When a device operation fails
- * during step(), it throws adam_step_error, whose outcome() says which of the two happened:
- * `not_applied` (the master weights, moments and step counts are bit for bit as before the
- * step; call step() again once the fault is gone) or `applied` (the step is complete in the
- * state, exactly as a fault-free step; do not repeat it). The device params then may lag the
- * master weights (params_current() false): the next step(), load() or sync_params() re-sends
- * them before anything else. Only when even the recovery's copies fail is a streamed step left
- * `pending`: the next step() completes it (from the grads still on the device) instead of
- * starting a new one. Nothing leaks and no thread is left running in any case.
+ * during step(), it throws adam_step_error, whose result() says which of three outcomes
+ * happened: `not_applied` (the master weights, moments and step counts are bit for bit as
+ * before the step; call step() again once the fault is gone), `applied` (the step is complete
+ * in the state, exactly as a fault-free step; do not repeat it) or `pending` (streamed mode
+ * only, when even the recovery's copies fail: the step is half done, and the next step()
+ * completes it from the grads still on the device instead of starting a new one; save()
+ * refuses and load() drops it meanwhile). The device params then may lag the master weights
+ * (params_current() false): the next step(), load() or sync_params() re-sends them. Nothing
+ * leaks and no thread is left running in any case.
  */
 #include <cstddef>
 #include <cstdint>
@@ -227,13 +228,15 @@ class offload_adam {
   /**
    * @brief One optimizer step over every group.
    *
-   * First re-sends the device params if a failed call left them behind, and completes a
-   * pending step (then returns that step's result without starting another).
-   * @throws adam_step_error when a copy or the device kernel fails, saying whether the step
-   *         was applied (see the file comment): cpu mode reports a failed grads copy as
-   *         not applied and a failed params upload as applied (the state stepped; the params
-   *         are re-sent later); streamed mode rolls a step back when no chunk's write-back had
-   *         landed, and else completes it on the host from the chunks' pre-step copies
+   * A pending step is completed first, the params then re-sent, and that step's result
+   * returned without starting another; otherwise the device params are first re-sent if a
+   * failed call left them behind.
+   * @throws adam_step_error when a copy or the device kernel fails, saying what became of the
+   *         step (see the file comment): cpu mode reports a failed grads copy as not applied
+   *         and a failed params upload as applied (the state stepped; the params are re-sent
+   *         later); streamed mode rolls a step back when no chunk's write-back had landed, and
+   *         else restores the other chunks from their pre-step copies and completes the step
+   *         for them on the host; a second fault during that leaves the step pending
    */
   adam_step_result step();
 

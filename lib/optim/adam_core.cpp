@@ -1,0 +1,186 @@
+#include "optim/adam_core.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <thread>
+
+#include "tierflow/log.hpp"
+
+namespace tierflow::detail {
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+std::string number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+step_deadline deadline_after(double seconds) {
+  if (seconds <= 0) {
+    return std::nullopt;
+  }
+  return clock_type::now() +
+         std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+}
+
+void await(event& e, const step_deadline& deadline, const char* what) {
+  if (!deadline) {
+    e.synchronize();
+    return;
+  }
+  auto pause = std::chrono::microseconds(10);
+  while (!e.query()) {
+    if (clock_type::now() >= *deadline) {
+      throw device_timeout(std::string("timed out waiting for ") + what);
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+  e.synchronize();  // reports a failure
+}
+
+void adam_core::shut_down() noexcept {
+  scheduler.reset();
+  try {
+    dev.synchronize();
+  } catch (const std::exception& e) {
+    log(log_level::warning,
+        std::string("offload_adam: device work failed while shutting down: ") + e.what());
+  }
+  for (const auto& r : registered) {
+    r.locker->unlock(r.address, r.bytes);
+  }
+}
+
+void adam_core::register_host(void* address, std::size_t bytes) {
+  page_locker& locker = dev.host_registration();
+  locker.lock(address, bytes);
+  registered.push_back({&locker, address, bytes});
+}
+
+void adam_core::settle_device() noexcept {
+  try {
+    dev.synchronize();
+  } catch (const std::exception& e) {
+    log(log_level::debug, std::string("offload_adam: settling the device: ") + e.what());
+  }
+}
+
+// Between steps every tier copy is current (a step returns once its write-backs landed), so
+// the flush only drops what was prefetched for the next step: a failed prefetch costs nothing
+// but the refetch, and is not the caller's error.
+void adam_core::flush_state() {
+  if (!scheduler) {
+    return;
+  }
+  try {
+    scheduler->flush();
+  } catch (const device_error& e) {
+    log(log_level::debug,
+        std::string("offload_adam: a prefetch for the next step failed and is dropped: ") +
+            e.what());
+    settle_device();
+  }
+}
+
+unsigned char* adam_core::host_grads(const chunk_ref& c) const {
+  const param_state& p = param_of(c);
+  return static_cast<unsigned char*>(grads_host.data()) + p.grad_offset +
+         c.offset * dtype_bytes(p.desc.dtype);
+}
+
+std::size_t adam_core::copy_grads_down(const chunk_ref& c, stream& d2h) {
+  const param_state& p = param_of(c);
+  const std::size_t eb = dtype_bytes(p.desc.dtype);
+  dev.copy_async(host_grads(c), static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
+                 c.count * eb, copy_kind::d2h, d2h);
+  return c.count * eb;
+}
+
+void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars) {
+  param_state& p = param_of(c);
+  adam_update(kernel, p.master_p() + c.offset, p.moments_m() + c.offset, p.moments_v() + c.offset,
+              host_grads(c), p.desc.dtype, c.count, scalars);
+}
+
+void adam_core::count_step() {
+  for (auto& g : groups) {
+    ++g.steps;
+  }
+}
+
+const group_state& adam_core::group_at(std::size_t group) const {
+  if (group >= groups.size()) {
+    throw error("offload_adam: group " + std::to_string(group) + " out of range (" +
+                std::to_string(groups.size()) + " groups)");
+  }
+  return groups[group];
+}
+
+const param_state& adam_core::param_at(std::size_t group, std::size_t param) const {
+  const auto& g = group_at(group);
+  if (param >= g.params.size()) {
+    throw error("offload_adam: param " + std::to_string(param) + " of group " +
+                std::to_string(group) + " out of range (" + std::to_string(g.params.size()) +
+                " params)");
+  }
+  return g.params[param];
+}
+
+std::string adam_core::skip_reason() const {
+  for (const auto& c : chunks) {
+    if (!std::isfinite(partial[c.index])) {
+      const auto& p = param_of(c);
+      return "non-finite grad in '" + p.desc.name + "' (elements " + std::to_string(c.offset) +
+             ".." + std::to_string(c.offset + c.count - 1) + "): step skipped, state unchanged";
+    }
+  }
+  return "non-finite grad norm: step skipped, state unchanged";
+}
+
+bool adam_core::judge_grads(adam_step_result& result, std::vector<adam_scalars>& scalars) const {
+  double total = 0;
+  for (double sum : partial) {
+    total += sum;
+  }
+  result.grad_norm = std::sqrt(total) / options.loss_scale;
+  if (!std::isfinite(result.grad_norm)) {
+    result.skip_reason = skip_reason();
+    return false;
+  }
+  if (options.max_grad_norm > 0) {
+    result.clip_coef = std::min(1.0, options.max_grad_norm / (result.grad_norm + 1e-6));
+  }
+  const double grad_scale = result.clip_coef / options.loss_scale;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    scalars.push_back(scalars_for(g, grad_scale));
+  }
+  return true;
+}
+
+adam_step_error adam_core::timed_out(const char* in_mode, const device_timeout& e) const {
+  return adam_step_error(std::string("offload_adam::step (") + in_mode + " mode): " + e.what() +
+                             " for " + number(options.device_timeout_s) +
+                             " s (device_timeout_s), so the step was not applied and the state "
+                             "is as before; the work stays queued, and the next step() waits "
+                             "for it first",
+                         adam_step_error::outcome::not_applied);
+}
+
+// A failure of the work a step waits for before it changes any state: the state is untouched;
+// the copies still queued are let finish (and their failures taken) before reporting.
+adam_step_error adam_core::failed_before_update(const char* in_mode, const char* what,
+                                                const device_error& e) {
+  settle_device();
+  return adam_step_error(std::string("offload_adam::step (") + in_mode + " mode): " + what +
+                             " failed, so the step was not applied and the state is as before; "
+                             "call step() again once the fault is gone: " +
+                             e.what(),
+                         adam_step_error::outcome::not_applied);
+}
+
+}  // namespace tierflow::detail
