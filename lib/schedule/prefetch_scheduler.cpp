@@ -7,9 +7,8 @@
 #include <mutex>
 #include <set>
 
-#include <unistd.h>
-
 #include "schedule/scheduler_accounting.hpp"
+#include "schedule/scheduler_events.hpp"
 #include "schedule/staging_arena.hpp"
 #include "schedule/staging_policy.hpp"
 #include "tierflow/detail/parse.hpp"
@@ -43,72 +42,12 @@ void* staged_step::pointer(buffer_id id) const {
 
 namespace {
 
+using detail::event_pool;
 using detail::event_ptr;
 using detail::fence;
+using detail::fence_line;
+using detail::page_spans;
 using run = detail::step_run;
-
-// Events are made once and reused: the deleter of a handed-out pointer puts it back.
-class event_pool {
- public:
-  explicit event_pool(device& dev) : device_(dev) {}
-  event_pool(const event_pool&) = delete;
-  event_pool& operator=(const event_pool&) = delete;
-  event_ptr get() {
-    std::unique_ptr<event> e;
-    if (free_.empty()) {
-      e = device_.create_event();
-    } else {
-      e = std::move(free_.back());
-      free_.pop_back();
-    }
-    return event_ptr(e.release(), [this](event* p) noexcept {
-      try {
-        free_.emplace_back(p);
-      } catch (...) {
-        delete p;
-      }
-    });
-  }
-
- private:
-  device& device_;
-  std::vector<std::unique_ptr<event>> free_;
-};
-
-// The fence events of one sequence (releases or write-backs), in order. Numbers start at 1.
-class fence_line {
- public:
-  std::uint64_t push(event_ptr e) {
-    if (events_.empty()) {
-      first_ = last_ + 1;
-    }
-    events_.push_back(std::move(e));
-    return ++last_;
-  }
-  // The event of @p seq, or null when it has fired (pruned) or never existed.
-  event* find(std::uint64_t seq) const {
-    if (seq < first_ || seq > last_ || events_.empty()) {
-      return nullptr;
-    }
-    return events_[seq - first_].get();
-  }
-  void prune() {
-    while (!events_.empty() && events_.front()->query()) {
-      events_.pop_front();
-      ++first_;
-    }
-  }
-  void clear() {
-    events_.clear();
-    first_ = last_ + 1;
-  }
-  [[nodiscard]] std::uint64_t last() const noexcept { return last_; }
-
- private:
-  std::deque<event_ptr> events_;
-  std::uint64_t first_ = 1;  // seq of events_.front()
-  std::uint64_t last_ = 0;   // seq handed out last
-};
 
 // The device side of a buffer; its staging state is the policy's (staging_policy::buffer).
 struct buffer_state {
@@ -116,29 +55,6 @@ struct buffer_state {
   void* resident_copy = nullptr;  // in HBM, for resident buffers
   bool resident_dirty = false;
 };
-
-// Disjoint page spans covering a set of host ranges (registering a page twice fails on CUDA).
-std::vector<std::pair<char*, std::size_t>> page_spans(
-    std::vector<std::pair<char*, std::size_t>> ranges) {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<char*, std::size_t>> spans;
-  for (const auto& [p, n] : ranges) {
-    const auto address = reinterpret_cast<std::uintptr_t>(p);
-    const auto begin = address / page * page;
-    const auto end = detail::round_up(address + n, page);
-    if (!spans.empty()) {
-      auto& last = spans.back();
-      const auto last_end = reinterpret_cast<std::uintptr_t>(last.first) + last.second;
-      if (begin <= last_end) {
-        last.second = std::max(last_end, end) - reinterpret_cast<std::uintptr_t>(last.first);
-        continue;
-      }
-    }
-    spans.emplace_back(reinterpret_cast<char*>(begin), end - begin);
-  }
-  return spans;
-}
 
 }  // namespace
 
@@ -175,6 +91,8 @@ struct prefetch_scheduler::impl final : detail::staging_device {
   detail::scheduler_accounting accounting;
 
   void validate();
+  void validate_buffers();
+  void validate_steps();
   void allocate_and_upload();
   void upload_resident();
   void wait_fence(const fence& f);
@@ -214,6 +132,13 @@ void prefetch_scheduler::impl::validate() {
   TIERFLOW_EXPECTS(o.h2d_gbps >= 0 && o.d2h_gbps >= 0,
                    "prefetch_scheduler: link bandwidths must not be negative");
   TIERFLOW_EXPECTS(!plan.steps.empty(), "prefetch_scheduler: the plan has no steps");
+  validate_buffers();
+  validate_steps();
+}
+
+// Checks the buffers and gives the policy their sizes.
+void prefetch_scheduler::impl::validate_buffers() {
+  const auto& o = options;
   std::set<std::string> names;
   std::vector<std::pair<char*, std::size_t>> ranges;
   for (const auto& b : plan.buffers) {
@@ -248,6 +173,10 @@ void prefetch_scheduler::impl::validate() {
     TIERFLOW_EXPECTS(ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first,
                      "prefetch_scheduler: two buffers overlap in host memory");
   }
+}
+
+// Checks the steps, gives the policy what each stages, and checks the budget holds the largest.
+void prefetch_scheduler::impl::validate_steps() {
   std::set<std::string> step_names;
   const step_desc* largest = nullptr;
   std::uint64_t largest_bytes = 0;
@@ -283,8 +212,8 @@ void prefetch_scheduler::impl::validate() {
     policy.add_step(std::move(info));
     uses.push_back(std::move(used));
   }
-  if (resident_bytes + largest_bytes > o.hbm_budget_bytes) {
-    throw error("prefetch_scheduler: HBM budget " + format_byte_count(o.hbm_budget_bytes) +
+  if (resident_bytes + largest_bytes > options.hbm_budget_bytes) {
+    throw error("prefetch_scheduler: HBM budget " + format_byte_count(options.hbm_budget_bytes) +
                 " is too small: step '" + largest->name + "' needs " +
                 format_byte_count(largest_bytes) + " of staging on top of " +
                 format_byte_count(resident_bytes) + " of resident buffers");
