@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <deque>
 #include <limits>
 #include <mutex>
 #include <set>
 
-#include <unistd.h>
-
 #include "schedule/scheduler_accounting.hpp"
+#include "schedule/scheduler_events.hpp"
 #include "schedule/staging_arena.hpp"
+#include "schedule/staging_policy.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
@@ -43,120 +42,27 @@ void* staged_step::pointer(buffer_id id) const {
 
 namespace {
 
+using detail::event_pool;
 using detail::event_ptr;
 using detail::fence;
+using detail::fence_line;
+using detail::page_spans;
 using run = detail::step_run;
 
-// Events are made once and reused: the deleter of a handed-out pointer puts it back.
-class event_pool {
- public:
-  explicit event_pool(device& dev) : device_(dev) {}
-  event_pool(const event_pool&) = delete;
-  event_pool& operator=(const event_pool&) = delete;
-  event_ptr get() {
-    std::unique_ptr<event> e;
-    if (free_.empty()) {
-      e = device_.create_event();
-    } else {
-      e = std::move(free_.back());
-      free_.pop_back();
-    }
-    return event_ptr(e.release(), [this](event* p) noexcept {
-      try {
-        free_.emplace_back(p);
-      } catch (...) {
-        delete p;
-      }
-    });
-  }
-
- private:
-  device& device_;
-  std::vector<std::unique_ptr<event>> free_;
-};
-
-// The fence events of one sequence (releases or write-backs), in order. Numbers start at 1.
-class fence_line {
- public:
-  std::uint64_t push(event_ptr e) {
-    if (events_.empty()) {
-      first_ = last_ + 1;
-    }
-    events_.push_back(std::move(e));
-    return ++last_;
-  }
-  // The event of @p seq, or null when it has fired (pruned) or never existed.
-  event* find(std::uint64_t seq) const {
-    if (seq < first_ || seq > last_ || events_.empty()) {
-      return nullptr;
-    }
-    return events_[seq - first_].get();
-  }
-  void prune() {
-    while (!events_.empty() && events_.front()->query()) {
-      events_.pop_front();
-      ++first_;
-    }
-  }
-  void clear() {
-    events_.clear();
-    first_ = last_ + 1;
-  }
-  [[nodiscard]] std::uint64_t last() const noexcept { return last_; }
-
- private:
-  std::deque<event_ptr> events_;
-  std::uint64_t first_ = 1;  // seq of events_.front()
-  std::uint64_t last_ = 0;   // seq handed out last
-};
-
+// The device side of a buffer; its staging state is the policy's (staging_policy::buffer).
 struct buffer_state {
   buffer_desc desc;
-  std::uint64_t aligned = 0;
   void* resident_copy = nullptr;  // in HBM, for resident buffers
   bool resident_dirty = false;
-  // Staging (non-resident buffers): at most one staged copy at a time.
-  bool staged = false;
-  std::uint64_t offset = 0;
-  std::uint32_t holders = 0;  // staged steps that use the copy
-  bool dirty = false;
-  std::uint64_t last_writeback = 0;  // fence seq of its last write-back to the tier
 };
-
-struct step_info {
-  std::vector<buffer_id> uses;     // every buffer, sorted, unique
-  std::vector<buffer_id> staged;   // the non-resident ones
-  std::vector<buffer_id> writes;   // sorted, unique
-  std::uint64_t staged_bytes = 0;  // aligned
-};
-
-// Disjoint page spans covering a set of host ranges (registering a page twice fails on CUDA).
-std::vector<std::pair<char*, std::size_t>> page_spans(
-    std::vector<std::pair<char*, std::size_t>> ranges) {
-  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<char*, std::size_t>> spans;
-  for (const auto& [p, n] : ranges) {
-    const auto address = reinterpret_cast<std::uintptr_t>(p);
-    const auto begin = address / page * page;
-    const auto end = detail::round_up(address + n, page);
-    if (!spans.empty()) {
-      auto& last = spans.back();
-      const auto last_end = reinterpret_cast<std::uintptr_t>(last.first) + last.second;
-      if (begin <= last_end) {
-        last.second = std::max(last_end, end) - reinterpret_cast<std::uintptr_t>(last.first);
-        continue;
-      }
-    }
-    spans.emplace_back(reinterpret_cast<char*>(begin), end - begin);
-  }
-  return spans;
-}
 
 }  // namespace
 
-struct prefetch_scheduler::impl {
+// The scheduler drives the staging policy and is its device: streams, events and fences.
+struct prefetch_scheduler::impl final : detail::staging_device {
   impl(device& d, schedule_plan p, scheduler_options o);
+  impl(const impl&) = delete;
+  impl& operator=(const impl&) = delete;
   ~impl();
 
   // Members in destruction order's reverse: the pool outlives every event handed out.
@@ -165,22 +71,17 @@ struct prefetch_scheduler::impl {
   scheduler_options options;
   event_pool pool{dev};
   std::vector<buffer_state> buffers;
-  std::vector<step_info> steps;
+  std::vector<std::vector<buffer_id>> uses;  // of each step: every buffer, sorted, unique
   std::uint64_t resident_bytes = 0;
+  detail::staging_policy policy{*this, options.unit};
 
   void* hbm = nullptr;  // one allocation of the budget: resident copies, then staging
   char* staging_base = nullptr;
-  detail::staging_arena arena{0, 1};
-  metrics::usage_counter staging_used;
   std::vector<std::pair<char*, std::size_t>> registered;
 
-  std::deque<run> staged;    // staged, not yet released (front: the acquired one, if any)
+  std::deque<run> staged;    // as the policy's staged runs (front: the acquired one, if any)
+  run leaving;               // the run being released, between complete() and finished
   std::deque<run> finished;  // released, device work maybe in flight
-  bool acquired = false;
-  bool has_position = false;
-  std::uint64_t position = 0;  // seq of the next acquire (or the acquired one)
-  std::atomic<std::uint64_t> window{0};
-  std::uint64_t budget_misses = 0;  // prefetches the budget held back
   fence_line releases;
   fence_line writebacks;
   fence h2d_waited;  // fences the h2d stream has already waited for
@@ -190,27 +91,31 @@ struct prefetch_scheduler::impl {
   detail::scheduler_accounting accounting;
 
   void validate();
+  void validate_buffers();
+  void validate_steps();
   void allocate_and_upload();
   void upload_resident();
-  bool try_stage(std::uint64_t seq);
   void wait_fence(const fence& f);
-  void pump();
+  // staging_device: what the policy's decisions do on the device.
+  void stage(std::uint64_t seq, const std::vector<buffer_id>& fetched, const fence& after) override;
+  void launch() override;
+  std::uint64_t complete(bool dirty) override;
+  std::uint64_t write_back(const std::vector<buffer_id>& ids) override;
   std::string harvest();  // returns a failure, or empty
   void check();           // harvest; on failure recover and throw
   [[noreturn]] void fail(const std::string& what, const std::string& failure);
   void recover();
   void write_back_all(bool staged_too);
   void drop_staged();
-  void release_locked(std::size_t step, bool dirty);
+  void release_locked(bool dirty);
   void flush_locked();
-  std::uint64_t ahead() const { return staged.size() - (acquired ? 1 : 0); }
   const std::string& step_name(std::size_t s) const { return plan.steps[s].name; }
 };
 
 prefetch_scheduler::impl::impl(device& d, schedule_plan p, scheduler_options o)
     : dev(d), plan(std::move(p)), options(o) {
   validate();
-  window = options.adaptive ? 1 : options.window;
+  policy.set_window(options.adaptive ? 1 : options.window);
   accounting.start(dev, pool.get(), plan, options);
   allocate_and_upload();
 }
@@ -227,6 +132,13 @@ void prefetch_scheduler::impl::validate() {
   TIERFLOW_EXPECTS(o.h2d_gbps >= 0 && o.d2h_gbps >= 0,
                    "prefetch_scheduler: link bandwidths must not be negative");
   TIERFLOW_EXPECTS(!plan.steps.empty(), "prefetch_scheduler: the plan has no steps");
+  validate_buffers();
+  validate_steps();
+}
+
+// Checks the buffers and gives the policy their sizes.
+void prefetch_scheduler::impl::validate_buffers() {
+  const auto& o = options;
   std::set<std::string> names;
   std::vector<std::pair<char*, std::size_t>> ranges;
   for (const auto& b : plan.buffers) {
@@ -241,9 +153,10 @@ void prefetch_scheduler::impl::validate() {
                      "prefetch_scheduler: buffer '" + b.name + "' of " + std::to_string(b.bytes) +
                          " bytes is too large: it wraps the address space");
     ranges.emplace_back(static_cast<char*>(b.data), b.bytes);
-    buffer_state s;
-    s.desc = b;
+    detail::staging_buffer s;
+    s.bytes = b.bytes;
     s.aligned = detail::round_up(b.bytes, o.alignment);
+    s.resident = b.resident;
     // A size near SIZE_MAX would round up to a small number and pass the budget check.
     TIERFLOW_EXPECTS(s.aligned >= b.bytes &&
                          resident_bytes <= std::numeric_limits<std::uint64_t>::max() - s.aligned,
@@ -252,13 +165,18 @@ void prefetch_scheduler::impl::validate() {
     if (b.resident) {
       resident_bytes += s.aligned;
     }
-    buffers.push_back(std::move(s));
+    policy.add_buffer(s);
+    buffers.push_back({b, nullptr, false});
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
     TIERFLOW_EXPECTS(ranges[i - 1].first + ranges[i - 1].second <= ranges[i].first,
                      "prefetch_scheduler: two buffers overlap in host memory");
   }
+}
+
+// Checks the steps, gives the policy what each stages, and checks the budget holds the largest.
+void prefetch_scheduler::impl::validate_steps() {
   std::set<std::string> step_names;
   const step_desc* largest = nullptr;
   std::uint64_t largest_bytes = 0;
@@ -266,34 +184,36 @@ void prefetch_scheduler::impl::validate() {
     TIERFLOW_EXPECTS(!st.name.empty(), "prefetch_scheduler: a step has no name");
     TIERFLOW_EXPECTS(step_names.insert(st.name).second,
                      "prefetch_scheduler: two steps are named '" + st.name + "'");
-    step_info info;
+    std::vector<buffer_id> used;
+    detail::staging_step info;
     for (const auto* list : {&st.reads, &st.writes}) {
       for (const auto id : *list) {
         TIERFLOW_EXPECTS(id < buffers.size(), "prefetch_scheduler: step '" + st.name +
                                                   "' names buffer " + std::to_string(id) + " of " +
                                                   std::to_string(buffers.size()));
-        info.uses.push_back(id);
+        used.push_back(id);
       }
     }
     info.writes = st.writes;
-    for (auto* v : {&info.uses, &info.writes}) {
+    for (auto* v : {&used, &info.writes}) {
       std::sort(v->begin(), v->end());
       v->erase(std::unique(v->begin(), v->end()), v->end());
     }
-    for (const auto id : info.uses) {
+    for (const auto id : used) {
       if (!buffers[id].desc.resident) {
         info.staged.push_back(id);
-        info.staged_bytes += buffers[id].aligned;
+        info.staged_bytes += policy.buffer(id).aligned;
       }
     }
     if (largest == nullptr || info.staged_bytes > largest_bytes) {
       largest = &st;
       largest_bytes = info.staged_bytes;
     }
-    steps.push_back(std::move(info));
+    policy.add_step(std::move(info));
+    uses.push_back(std::move(used));
   }
-  if (resident_bytes + largest_bytes > o.hbm_budget_bytes) {
-    throw error("prefetch_scheduler: HBM budget " + format_byte_count(o.hbm_budget_bytes) +
+  if (resident_bytes + largest_bytes > options.hbm_budget_bytes) {
+    throw error("prefetch_scheduler: HBM budget " + format_byte_count(options.hbm_budget_bytes) +
                 " is too small: step '" + largest->name + "' needs " +
                 format_byte_count(largest_bytes) + " of staging on top of " +
                 format_byte_count(resident_bytes) + " of resident buffers");
@@ -303,7 +223,7 @@ void prefetch_scheduler::impl::validate() {
 void prefetch_scheduler::impl::allocate_and_upload() {
   hbm = dev.memory().allocate(options.hbm_budget_bytes, options.alignment);
   staging_base = static_cast<char*>(hbm) + resident_bytes;
-  arena = detail::staging_arena(options.hbm_budget_bytes - resident_bytes, options.alignment);
+  policy.set_arena(options.hbm_budget_bytes - resident_bytes, options.alignment);
   std::vector<std::pair<char*, std::size_t>> to_register;
   for (const auto& b : buffers) {
     if (!b.desc.pinned) {
@@ -316,10 +236,10 @@ void prefetch_scheduler::impl::allocate_and_upload() {
     registered.emplace_back(p, n);
   }
   char* next = static_cast<char*>(hbm);
-  for (auto& b : buffers) {
-    if (b.desc.resident) {
-      b.resident_copy = next;
-      next += b.aligned;
+  for (buffer_id id = 0; id < buffers.size(); ++id) {
+    if (buffers[id].desc.resident) {
+      buffers[id].resident_copy = next;
+      next += policy.buffer(id).aligned;
     }
   }
   upload_resident();
@@ -367,43 +287,21 @@ void prefetch_scheduler::impl::wait_fence(const fence& f) {
   }
 }
 
-bool prefetch_scheduler::impl::try_stage(std::uint64_t seq) {
-  const auto step = static_cast<std::size_t>(seq % steps.size());
-  const auto& info = steps[step];
+void prefetch_scheduler::impl::stage(std::uint64_t seq, const std::vector<buffer_id>& fetched,
+                                     const fence& after) {
   run r;
   r.seq = seq;
-  r.step = step;
-  std::vector<std::uint64_t> sizes;
-  for (const auto id : info.staged) {
-    if (!buffers[id].staged) {
-      r.fetched.push_back(id);
-      sizes.push_back(buffers[id].aligned);
-    }
-  }
-  std::vector<std::uint64_t> offsets;
-  fence after;
-  if (!arena.allocate_all(sizes, offsets, after)) {
-    return false;
-  }
-  for (const auto id : info.staged) {
-    ++buffers[id].holders;
-  }
-  for (std::size_t i = 0; i < r.fetched.size(); ++i) {
-    auto& b = buffers[r.fetched[i]];
-    b.staged = true;
-    b.offset = offsets[i];
-    b.dirty = false;
-    after.merge({0, b.last_writeback});
-    staging_used.add(b.aligned);
-  }
+  r.step = static_cast<std::size_t>(seq % uses.size());
+  r.fetched = fetched;
   if (!r.fetched.empty()) {
     auto& h2d = dev.h2d_stream();
     wait_fence(after);
     r.h2d_start = pool.get();
     h2d.record(*r.h2d_start);
     for (std::size_t i = 0; i < r.fetched.size(); ++i) {
-      auto& b = buffers[r.fetched[i]];
-      dev.copy_async(staging_base + b.offset, b.desc.data, b.desc.bytes, copy_kind::h2d, h2d);
+      const auto& b = buffers[r.fetched[i]];
+      dev.copy_async(staging_base + policy.buffer(r.fetched[i]).offset, b.desc.data, b.desc.bytes,
+                     copy_kind::h2d, h2d);
       if (options.trace || i + 1 == r.fetched.size()) {  // an event per copy only for the trace
         r.h2d_end.push_back(pool.get());
         h2d.record(*r.h2d_end.back());
@@ -411,33 +309,53 @@ bool prefetch_scheduler::impl::try_stage(std::uint64_t seq) {
     }
   }
   staged.push_back(std::move(r));
-  return true;
 }
 
-void prefetch_scheduler::impl::pump() {
-  if (!has_position) {
-    return;
+void prefetch_scheduler::impl::launch() {
+  auto& compute = dev.compute_stream();
+  auto& r = staged.front();
+  r.ready = pool.get();
+  compute.record(*r.ready);
+  if (!r.h2d_end.empty()) {
+    compute.wait(*r.h2d_end.back());
   }
-  const auto n = steps.size();
-  std::uint64_t bytes_ahead = 0;  // window in bytes: what the steps staged ahead hold
-  if (options.unit == window_unit::bytes) {
-    for (const auto& r : staged) {
-      bytes_ahead += r.seq >= position + (acquired ? 1 : 0) ? steps[r.step].staged_bytes : 0;
+  r.begin = pool.get();
+  compute.record(*r.begin);
+}
+
+std::uint64_t prefetch_scheduler::impl::complete(bool dirty) {
+  leaving = std::move(staged.front());
+  staged.pop_front();
+  auto& r = leaving;
+  r.done = pool.get();
+  // harvest may come much later: judge the run by its own time
+  r.budget_misses = policy.budget_misses();
+  dev.compute_stream().record(*r.done);
+  const auto release_seq = releases.push(r.done);
+  if (dirty) {
+    for (const auto id : policy.step(r.step).writes) {
+      buffers[id].resident_dirty = buffers[id].resident_dirty || buffers[id].desc.resident;
     }
   }
-  while (ahead() < n) {
-    const auto next = staged.empty() ? position : staged.back().seq + 1;
-    const auto next_bytes = steps[next % n].staged_bytes;
-    if (options.unit == window_unit::steps ? ahead() >= window
-                                           : bytes_ahead + next_bytes > window) {
-      return;
+  return release_seq;
+}
+
+std::uint64_t prefetch_scheduler::impl::write_back(const std::vector<buffer_id>& ids) {
+  auto& r = leaving;
+  auto& d2h = dev.d2h_stream();
+  d2h.wait(*r.done);
+  r.d2h_start = pool.get();
+  d2h.record(*r.d2h_start);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto& b = buffers[ids[i]];
+    dev.copy_async(b.desc.data, staging_base + policy.buffer(ids[i]).offset, b.desc.bytes,
+                   copy_kind::d2h, d2h);
+    if (options.trace || i + 1 == ids.size()) {
+      r.d2h_end.push_back(pool.get());
+      d2h.record(*r.d2h_end.back());
     }
-    if (!try_stage(next)) {
-      ++budget_misses;
-      return;
-    }
-    bytes_ahead += next_bytes;
   }
+  return writebacks.push(r.d2h_end.back());  // one fence for the batch
 }
 
 std::string prefetch_scheduler::impl::harvest() {
@@ -460,13 +378,13 @@ std::string prefetch_scheduler::impl::harvest() {
         }
       } catch (const device_error& ex) {
         return "step '" + step_name(r.step) + "' (iteration " +
-               std::to_string(r.seq / steps.size()) + "): " + ex.what();
+               std::to_string(r.seq / uses.size()) + "): " + ex.what();
       }
     }
     {
       const std::lock_guard lock(accounting_mutex);
-      if (auto change = accounting.add(r, window.load())) {
-        window = *change;
+      if (auto change = accounting.add(r, policy.window())) {
+        policy.set_window(*change);
       }
     }
     finished.pop_front();
@@ -508,70 +426,16 @@ void prefetch_scheduler::impl::recover() {
     detail::log(log_level::warning,
                 std::string("prefetch_scheduler: reloading resident buffers: ") + ex.what());
   }
-  acquired = false;
+  leaving = {};
   // Continue counting iterations after the failed one, from whatever step comes next.
-  has_position = false;
-  position = (position / steps.size() + 1) * steps.size();
+  policy.restart_after_failure();
 }
 
-void prefetch_scheduler::impl::release_locked(std::size_t step, bool dirty) {
-  auto& compute = dev.compute_stream();
-  auto r = std::move(staged.front());
-  staged.pop_front();
-  acquired = false;
-  ++position;
-  r.done = pool.get();
-  r.budget_misses = budget_misses;  // harvest may come much later: judge the run by its own time
-  compute.record(*r.done);
-  const auto release_seq = releases.push(r.done);
-  const auto& info = steps[step];
-  std::vector<buffer_id> write_back;
-  for (const auto id : info.staged) {
-    auto& b = buffers[id];
-    if (dirty && std::binary_search(info.writes.begin(), info.writes.end(), id)) {
-      b.dirty = true;
-    }
-    if (--b.holders == 0) {
-      if (b.dirty) {
-        write_back.push_back(id);
-      } else {
-        arena.free(b.offset, b.aligned, {release_seq, 0});
-        b.staged = false;
-        staging_used.sub(b.aligned);
-      }
-    }
-  }
-  if (dirty) {
-    for (const auto id : info.writes) {
-      buffers[id].resident_dirty = buffers[id].resident_dirty || buffers[id].desc.resident;
-    }
-  }
-  if (!write_back.empty()) {
-    auto& d2h = dev.d2h_stream();
-    d2h.wait(*r.done);
-    r.d2h_start = pool.get();
-    d2h.record(*r.d2h_start);
-    for (std::size_t i = 0; i < write_back.size(); ++i) {
-      auto& b = buffers[write_back[i]];
-      dev.copy_async(b.desc.data, staging_base + b.offset, b.desc.bytes, copy_kind::d2h, d2h);
-      if (options.trace || i + 1 == write_back.size()) {
-        r.d2h_end.push_back(pool.get());
-        d2h.record(*r.d2h_end.back());
-      }
-    }
-    const auto written = writebacks.push(r.d2h_end.back());  // one fence for the batch
-    for (const auto id : write_back) {
-      auto& b = buffers[id];
-      b.last_writeback = written;
-      arena.free(b.offset, b.aligned, {release_seq, written});
-      b.staged = false;
-      b.dirty = false;
-      staging_used.sub(b.aligned);
-    }
-    r.written = std::move(write_back);
-  }
-  finished.push_back(std::move(r));
-  pump();
+void prefetch_scheduler::impl::release_locked(bool dirty) {
+  auto written = policy.release(dirty);  // complete() took the run into leaving
+  leaving.written = std::move(written);
+  finished.push_back(std::move(leaving));
+  policy.pump();
 }
 
 void prefetch_scheduler::impl::write_back_all(bool staged_too) {
@@ -579,14 +443,16 @@ void prefetch_scheduler::impl::write_back_all(bool staged_too) {
   auto after = pool.get();
   dev.compute_stream().record(*after);
   d2h.wait(*after);
-  for (auto& b : buffers) {
+  for (buffer_id id = 0; id < buffers.size(); ++id) {
+    auto& b = buffers[id];
     if (b.resident_dirty) {
       dev.copy_async(b.desc.data, b.resident_copy, b.desc.bytes, copy_kind::d2h, d2h);
       b.resident_dirty = false;
     }
-    if (staged_too && b.staged && b.dirty) {
-      dev.copy_async(b.desc.data, staging_base + b.offset, b.desc.bytes, copy_kind::d2h, d2h);
-      b.dirty = false;
+    const auto& slot = policy.buffer(id);
+    if (staged_too && slot.staged && slot.dirty) {
+      dev.copy_async(b.desc.data, staging_base + slot.offset, b.desc.bytes, copy_kind::d2h, d2h);
+      policy.mark_clean(id);
     }
   }
 }
@@ -597,15 +463,7 @@ void prefetch_scheduler::impl::drop_staged() {
   releases.clear();
   writebacks.clear();
   h2d_waited = {releases.last(), writebacks.last()};
-  arena.reset();
-  for (auto& b : buffers) {
-    if (b.staged) {
-      staging_used.sub(b.aligned);
-    }
-    b.staged = false;
-    b.holders = 0;
-    b.dirty = false;
-  }
+  policy.drop_staged();
 }
 
 void prefetch_scheduler::impl::flush_locked() {
@@ -628,8 +486,8 @@ prefetch_scheduler::prefetch_scheduler(device& dev, schedule_plan plan, schedule
 prefetch_scheduler::~prefetch_scheduler() {
   auto& s = *impl_;
   try {
-    if (s.acquired) {
-      s.release_locked(s.current.step_, false);
+    if (s.policy.acquired()) {
+      s.release_locked(false);
     }
     s.flush_locked();
   } catch (const std::exception& ex) {
@@ -646,49 +504,37 @@ prefetch_scheduler::~prefetch_scheduler() {
 
 const staged_step& prefetch_scheduler::acquire(std::size_t step) {
   auto& s = *impl_;
-  const auto n = s.steps.size();
+  const auto n = s.uses.size();
   TIERFLOW_EXPECTS(step < n, "prefetch_scheduler::acquire: step " + std::to_string(step) +
                                  " of a plan of " + std::to_string(n));
-  TIERFLOW_EXPECTS(!s.acquired, "prefetch_scheduler::acquire: step '" +
-                                    s.step_name(s.current.step_) +
-                                    "' was acquired and not released");
-  if (s.has_position) {
-    TIERFLOW_EXPECTS(s.position % n == step,
-                     "prefetch_scheduler::acquire: step '" + s.step_name(step) +
-                         "' out of order; the next step is '" + s.step_name(s.position % n) + "'");
+  TIERFLOW_EXPECTS(!s.policy.acquired(), "prefetch_scheduler::acquire: step '" +
+                                             s.step_name(s.current.step_) +
+                                             "' was acquired and not released");
+  if (s.policy.has_position()) {
+    const auto next = s.policy.position() % n;
+    TIERFLOW_EXPECTS(next == step, "prefetch_scheduler::acquire: step '" + s.step_name(step) +
+                                       "' out of order; the next step is '" + s.step_name(next) +
+                                       "'");
   }
   s.check();
-  if (!s.has_position) {
-    s.position = s.position / n * n + step;
-    s.has_position = true;
-  }
   auto& compute = s.dev.compute_stream();
   try {
-    if (s.staged.empty() && !s.try_stage(s.position)) {
+    if (!s.policy.acquire(step)) {  // launch() made the compute wait for the fetch
       throw error("prefetch_scheduler: internal: step '" + s.step_name(step) +
                   "' does not fit an empty staging arena");
     }
-    auto& r = s.staged.front();
-    r.ready = s.pool.get();
-    compute.record(*r.ready);
-    if (!r.h2d_end.empty()) {
-      compute.wait(*r.h2d_end.back());
-    }
-    r.begin = s.pool.get();
-    compute.record(*r.begin);
-    s.acquired = true;
-    s.pump();
   } catch (const device_error& ex) {
     s.fail("acquire of step '" + s.step_name(step) + "'", ex.what());
   }
   auto& cur = s.current;
   cur.step_ = step;
-  cur.iteration_ = s.position / n;
+  cur.iteration_ = s.policy.position() / n;
   cur.compute_ = &compute;
   cur.pointers_.clear();
-  for (const auto id : s.steps[step].uses) {
+  for (const auto id : s.uses[step]) {
     const auto& b = s.buffers[id];
-    cur.pointers_.emplace_back(id, b.desc.resident ? b.resident_copy : s.staging_base + b.offset);
+    cur.pointers_.emplace_back(
+        id, b.desc.resident ? b.resident_copy : s.staging_base + s.policy.buffer(id).offset);
   }
   return cur;
 }
@@ -696,10 +542,10 @@ const staged_step& prefetch_scheduler::acquire(std::size_t step) {
 void prefetch_scheduler::release(std::size_t step, bool dirty) {
   auto& s = *impl_;
   TIERFLOW_EXPECTS(
-      s.acquired && s.current.step_ == step,
+      s.policy.acquired() && s.current.step_ == step,
       "prefetch_scheduler::release: step " + std::to_string(step) + " is not the acquired step");
   try {
-    s.release_locked(step, dirty);
+    s.release_locked(dirty);
   } catch (const device_error& ex) {
     s.fail("release of step '" + s.step_name(step) + "'", ex.what());
   }
@@ -708,8 +554,9 @@ void prefetch_scheduler::release(std::size_t step, bool dirty) {
 
 void prefetch_scheduler::flush() {
   auto& s = *impl_;
-  TIERFLOW_EXPECTS(!s.acquired, "prefetch_scheduler::flush: step '" + s.step_name(s.current.step_) +
-                                    "' was acquired and not released");
+  TIERFLOW_EXPECTS(!s.policy.acquired(), "prefetch_scheduler::flush: step '" +
+                                             s.step_name(s.current.step_) +
+                                             "' was acquired and not released");
   s.flush_locked();
 }
 
@@ -725,10 +572,10 @@ scheduler_metrics prefetch_scheduler::metrics() {
   auto& s = *impl_;
   const std::lock_guard lock(s.accounting_mutex);
   auto m = s.accounting.snapshot();
-  m.hbm_staging_peak_bytes = s.staging_used.read().peak;
+  m.hbm_staging_peak_bytes = s.policy.staging_used().read().peak;
   m.hbm_resident_bytes = s.resident_bytes;
   m.hbm_budget_bytes = s.options.hbm_budget_bytes;
-  m.window = s.window;
+  m.window = s.policy.window();
   return m;
 }
 
@@ -756,7 +603,7 @@ const scheduler_options& prefetch_scheduler::options() const noexcept {
   return impl_->options;
 }
 std::uint64_t prefetch_scheduler::window() const noexcept {
-  return impl_->window;
+  return impl_->policy.window();
 }
 
 }  // namespace tierflow
