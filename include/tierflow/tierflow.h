@@ -77,7 +77,8 @@ typedef struct tf_adam_options {
   double max_grad_norm;  /* 0: no clipping */
   double loss_scale;     /* grads are divided by it; 1: none */
   /* Seconds a step waits for the work its grads come from before it gives up, the state as
-   * before (see tf_adam_step); 0: forever. Added in 0.2: set it with tf_adam_options_default. */
+   * before (see tf_adam_step); 0: forever. Start from tf_adam_options_default, so that fields
+   * added later get their defaults. */
   double device_timeout_s;
 } tf_adam_options;
 
