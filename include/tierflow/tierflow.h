@@ -80,6 +80,9 @@ typedef struct tf_adam_options {
    * before (see tf_adam_step); 0: forever. Start from tf_adam_options_default, so that fields
    * added later get their defaults. */
   double device_timeout_s;
+  /* A placement spec, as TIERFLOW_PLACEMENT takes (e.g.
+   * "optimizer_state=cxl,dram;master_params=dram"); NULL: TIERFLOW_PLACEMENT, else the defaults. */
+  const char* placement;
 } tf_adam_options;
 
 typedef struct tf_device tf_device;
@@ -137,6 +140,50 @@ tf_status tf_adam_load(tf_adam* adam, const char* path);
 /* Copies parameter `index` (in the order given to tf_adam_create) of the fp32 master weights
  * into out (elements floats). */
 tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, size_t elements);
+
+/* --- For frameworks (PyTorch's tierflow.torch binds these) ----------------------------------
+ * Params are indexed in the order given to tf_adam_create. */
+
+/* The number of params, and param `index`'s element count. */
+tf_status tf_adam_param_count(const tf_adam* adam, size_t* out);
+tf_status tf_adam_param_elements(const tf_adam* adam, size_t index, size_t* out);
+
+/* A step ordered with the caller's own stream, over this step's grads.
+ * grads: `count` pointers (count = the number of params): grads[i] is param i's grad for this
+ *   step (a device pointer, same dtype and count as the param; frameworks reallocate grads
+ *   between steps, so they are given anew each step), or NULL when param i has no grad this
+ *   step: it is then left alone (its state, its step count and its device param unchanged, its
+ *   grad not read), as torch.optim does for a param whose .grad is None. grads itself may be
+ *   NULL: every param keeps the grad pointer it had.
+ * stream: the caller's stream, as the backend names it: a cudaStream_t on a CUDA device (NULL
+ *   is CUDA's default stream). The step's device work waits, on the device, for the work
+ *   enqueued on it so far (the backward pass), and later work on it waits for the updated
+ *   params; nothing synchronizes the whole device. On the emulated device it is ignored: the
+ *   calling thread's work is done when it calls.
+ * applied and grad_norm as for tf_adam_step. Refused (TF_ERR_INVALID_ARGUMENT, nothing
+ * changed) when count is not the number of params; the grad pointers given are kept then. */
+tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count, void* stream,
+                          int* applied, double* grad_norm);
+
+/* Copies param `index`'s state into the caller's buffers (each `elements` floats; any may be
+ * NULL: not copied): the fp32 master weights, exp_avg (m) and exp_avg_sq (v); *step (may be
+ * NULL) gets the steps applied to this param. */
+tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, float* exp_avg,
+                            float* exp_avg_sq, size_t elements, unsigned long long* step);
+/* Replaces param `index`'s state from the caller's buffers (any may be NULL: that part kept)
+ * and its step count, as a framework's load_state_dict does. The device param is not written:
+ * the next step writes it from the master weights (call tf_adam_sync_params to send it now).
+ * Every value is checked first (elements must match; the moments finite, exp_avg_sq >= 0): a
+ * refused call changes nothing. */
+tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, const float* exp_avg,
+                            const float* exp_avg_sq, size_t elements, unsigned long long step);
+/* Re-reads param `index`'s master weights from its device param (widening bf16/f16), e.g.
+ * after the framework changed the param's values outside the optimizer. */
+tf_status tf_adam_refresh_master(tf_adam* adam, size_t index);
+/* Where the state's pages are, as JSON into buffer (as tf_adam_metrics_json):
+ * {"page_bytes":4096,"master_params":{"total_pages":N,"untouched_pages":N,"nodes":{"0":N,...}},
+ *  "optimizer_state":{...}}, with "tier" names per node in "node_tiers":{"0":"dram",...}. */
+tf_status tf_adam_where_json(const tf_adam* adam, char* buffer, size_t capacity, size_t* needed);
 
 #ifdef __cplusplus
 }
