@@ -256,9 +256,42 @@ class offload_adam {
   void set_hyper(std::size_t group, const adam_hyper& hyper);
   /** @brief Sets the lr of every group. @throws tierflow::error for a bad lr */
   void set_lr(double lr);
-  /** @brief Steps applied to group @p group. */
+  /** @brief Steps applied to group @p group (to any of its params). */
   [[nodiscard]] std::uint64_t step_count(std::size_t group) const;
+  /** @brief Steps applied to param @p param of group @p group: the t of its bias correction.
+   * It differs from the group's when a step left the param alone (set_grad(nullptr)). */
+  [[nodiscard]] std::uint64_t step_count(std::size_t group, std::size_t param) const;
   [[nodiscard]] std::size_t group_count() const noexcept;
+  /** @brief Params in group @p group. @throws tierflow::error out of range */
+  [[nodiscard]] std::size_t param_count(std::size_t group) const;
+
+  /**
+   * @brief The grad param @p param of group @p group has from the next step() on (frameworks
+   * reallocate grads between steps): a device pointer as adam_param::grad, or nullptr: the
+   * param has no grad, and steps leave it alone (its master weights, moments, step count and
+   * device param), as torch.optim does for a param whose grad is None.
+   * @throws tierflow::error out of range, or while a failed step is pending (it completes
+   *         from the grads it started with)
+   */
+  void set_grad(std::size_t group, std::size_t param, const void* grad);
+
+  /**
+   * @brief Replaces a param's state, as a framework's load_state_dict does: @p master, @p
+   * exp_avg and @p exp_avg_sq (each @p elements floats; nullptr: that part kept) and its step
+   * count. A new master reaches the device param with the next step() or sync_params()
+   * (params_current() is false until then); refresh_master() goes the other way.
+   * @throws tierflow::error, changing nothing, for a wrong element count, a non-finite value,
+   *         a negative exp_avg_sq, or while a failed step is pending
+   */
+  void set_state(std::size_t group, std::size_t param, const float* master, const float* exp_avg,
+                 const float* exp_avg_sq, std::size_t elements, std::uint64_t steps);
+  /**
+   * @brief Reads the param's device values into its master weights (widened to fp32), for a
+   * framework that changed them outside the optimizer (loaded a model checkpoint, say).
+   * @throws device_error when the copy fails (the master then as before); tierflow::error out
+   *         of range or while a failed step is pending
+   */
+  void refresh_master(std::size_t group, std::size_t param);
 
   /** @brief The mode in force (never `automatic`) and why it was chosen. */
   [[nodiscard]] adam_mode mode() const noexcept;

@@ -1,5 +1,7 @@
 // The C ABI: each call catches everything, maps it to a tf_status and keeps the message in a
 // thread-local string.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -9,6 +11,7 @@
 
 #include "tierflow/build_config.hpp"
 #include "tierflow/device.hpp"
+#include "tierflow/metrics.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"
 #include "tierflow/tierflow.h"
@@ -21,10 +24,13 @@ struct tf_device {
 struct tf_adam {
   tierflow::topology topo;
   tierflow::placement_policy placement;
+  tierflow::device* dev = nullptr;
   std::unique_ptr<tierflow::offload_adam> opt;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
+  std::vector<std::vector<std::size_t>> elements;          // per group, per param
 
-  explicit tf_adam(tierflow::topology t) : topo(std::move(t)), placement(topo) {}
+  tf_adam(tierflow::topology t, tierflow::placement_options po)
+      : topo(std::move(t)), placement(topo, std::move(po)) {}
 };
 
 namespace {
@@ -79,6 +85,83 @@ tierflow::adam_hyper to_hyper(const tf_adam_hyper& h) {
   return out;
 }
 
+// Param @p index (in the order given to tf_adam_create): its group and index in the group.
+std::pair<std::size_t, std::size_t> param_at(const tf_adam* adam, std::size_t index) {
+  if (index >= adam->where.size()) {
+    throw tierflow::error("index " + std::to_string(index) + " out of range (" +
+                          std::to_string(adam->where.size()) + " params)");
+  }
+  return adam->where[index];
+}
+
+// The result of a tf_adam_step*: *applied says what the state holds also when it throws.
+void run_step(tf_adam* adam, int* applied, double* grad_norm) {
+  tierflow::adam_step_result r;
+  try {
+    r = adam->opt->step();
+  } catch (const tierflow::adam_step_error& e) {
+    if (applied != nullptr) {
+      *applied = e.result() == tierflow::adam_step_error::outcome::applied   ? 1
+                 : e.result() == tierflow::adam_step_error::outcome::pending ? 2
+                                                                             : 0;
+    }
+    throw;
+  }
+  if (applied != nullptr) {
+    *applied = r.applied ? 1 : 0;
+  }
+  if (grad_norm != nullptr) {
+    *grad_norm = r.grad_norm;
+  }
+  if (!r.applied) {
+    last_error = r.skip_reason;  // not a failure, but the caller may want to say why
+  }
+}
+
+// tf_adam_where_json's document: per state class, pages per node, and each node's tier.
+std::string where_json(const tf_adam& adam) {
+  tierflow::metrics::json_writer w;
+  w.begin_object();
+  std::size_t page_bytes = 0;
+  for (const auto cls :
+       {tierflow::data_class::master_params, tierflow::data_class::optimizer_state}) {
+    const tierflow::page_residency r = adam.opt->state_residency(cls);
+    page_bytes = std::max(page_bytes, r.page_bytes);
+    w.key(tierflow::to_string(cls)).begin_object();
+    w.key("total_pages").value(std::uint64_t{r.total_pages});
+    w.key("untouched_pages").value(std::uint64_t{r.untouched_pages});
+    w.key("nodes").begin_object();
+    for (const auto& [node, pages] : r.pages_on_node) {
+      w.key(std::to_string(node)).value(std::uint64_t{pages});
+    }
+    w.end_object().end_object();
+  }
+  w.key("page_bytes").value(std::uint64_t{page_bytes});
+  w.key("node_tiers").begin_object();
+  for (const auto& t : adam.topo.tiers()) {
+    for (const auto& n : t.nodes) {
+      w.key(std::to_string(n.value)).value(t.name);
+    }
+  }
+  w.end_object().end_object();
+  return w.str();
+}
+
+// Copies @p json into the caller's buffer (tf_*_json calls).
+tf_status json_out(const char* call, const std::string& json, char* buffer, size_t capacity,
+                   size_t* needed) {
+  if (needed != nullptr) {
+    *needed = json.size() + 1;
+  }
+  if (buffer == nullptr || capacity < json.size() + 1) {
+    return fail(TF_ERR_BUFFER_TOO_SMALL, std::string(call) + ": the JSON needs " +
+                                             std::to_string(json.size() + 1) + " bytes, " +
+                                             std::to_string(capacity) + " given");
+  }
+  std::memcpy(buffer, json.c_str(), json.size() + 1);
+  return TF_OK;
+}
+
 tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
   switch (d) {
     case TF_DTYPE_F32:
@@ -130,6 +213,7 @@ void tf_adam_options_default(tf_adam_options* options) {
   options->max_grad_norm = 0;
   options->loss_scale = 1;
   options->device_timeout_s = 0;
+  options->placement = nullptr;
 }
 
 tf_status tf_device_open(const char* spec, tf_device** out) {
@@ -196,7 +280,11 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
     for (std::size_t g = 0; g < groups; ++g) {
       gs[g].hyper = to_hyper(hypers[g]);
     }
-    auto a = std::make_unique<tf_adam>(tierflow::topology::discover());
+    tierflow::placement_options po;
+    if (options != nullptr && options->placement != nullptr) {
+      po.spec = std::string(options->placement);
+    }
+    auto a = std::make_unique<tf_adam>(tierflow::topology::discover(), std::move(po));
     for (std::size_t i = 0; i < count; ++i) {
       const tf_adam_param& p = params[i];
       if (p.group >= groups) {
@@ -211,6 +299,8 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       ap.dtype = to_dtype(p.dtype, i);
       ap.elements = p.elements;
       a->where.emplace_back(p.group, gs[p.group].params.size());
+      a->elements.resize(groups);
+      a->elements[p.group].push_back(p.elements);
       gs[p.group].params.push_back(std::move(ap));
     }
     tierflow::adam_options o;
@@ -236,6 +326,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       o.loss_scale = options->loss_scale;
       o.device_timeout_s = options->device_timeout_s;
     }
+    a->dev = device->dev.get();
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
     *out = a.release();
   });
@@ -248,26 +339,7 @@ void tf_adam_destroy(tf_adam* adam) {
 tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
   return guarded("tf_adam_step", [&] {
     need(adam, "adam");
-    tierflow::adam_step_result r;
-    try {
-      r = adam->opt->step();
-    } catch (const tierflow::adam_step_error& e) {
-      if (applied != nullptr) {
-        *applied = e.result() == tierflow::adam_step_error::outcome::applied   ? 1
-                   : e.result() == tierflow::adam_step_error::outcome::pending ? 2
-                                                                               : 0;
-      }
-      throw;
-    }
-    if (applied != nullptr) {
-      *applied = r.applied ? 1 : 0;
-    }
-    if (grad_norm != nullptr) {
-      *grad_norm = r.grad_norm;
-    }
-    if (!r.applied) {
-      last_error = r.skip_reason;  // not a failure, but the caller may want to say why
-    }
+    run_step(adam, applied, grad_norm);
   });
 }
 
@@ -325,19 +397,7 @@ tf_status tf_adam_metrics_json(const tf_adam* adam, char* buffer, size_t capacit
     need(adam, "adam");
     json = adam->opt->metrics().to_json();
   });
-  if (s != TF_OK) {
-    return s;
-  }
-  if (needed != nullptr) {
-    *needed = json.size() + 1;
-  }
-  if (buffer == nullptr || capacity < json.size() + 1) {
-    return fail(TF_ERR_BUFFER_TOO_SMALL, "tf_adam_metrics_json: the JSON needs " +
-                                             std::to_string(json.size() + 1) + " bytes, " +
-                                             std::to_string(capacity) + " given");
-  }
-  std::memcpy(buffer, json.c_str(), json.size() + 1);
-  return TF_OK;
+  return s != TF_OK ? s : json_out("tf_adam_metrics_json", json, buffer, capacity, needed);
 }
 
 tf_status tf_adam_save(const tf_adam* adam, const char* path) {
@@ -360,11 +420,7 @@ tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, 
   return guarded("tf_adam_master_weights", [&] {
     need(adam, "adam");
     need(out, "out");
-    if (index >= adam->where.size()) {
-      throw tierflow::error("index " + std::to_string(index) + " out of range (" +
-                            std::to_string(adam->where.size()) + " params)");
-    }
-    const auto [g, i] = adam->where[index];
+    const auto [g, i] = param_at(adam, index);
     const auto w = adam->opt->master_weights(g, i);
     if (elements != w.size()) {
       throw tierflow::error("param " + std::to_string(index) + " has " + std::to_string(w.size()) +
@@ -372,6 +428,100 @@ tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, 
     }
     std::memcpy(out, w.data(), w.size() * sizeof(float));
   });
+}
+
+tf_status tf_adam_param_count(const tf_adam* adam, size_t* out) {
+  return guarded("tf_adam_param_count", [&] {
+    need(adam, "adam");
+    need(out, "out");
+    *out = adam->where.size();
+  });
+}
+
+tf_status tf_adam_param_elements(const tf_adam* adam, size_t index, size_t* out) {
+  return guarded("tf_adam_param_elements", [&] {
+    need(adam, "adam");
+    need(out, "out");
+    const auto [g, i] = param_at(adam, index);
+    *out = adam->elements[g][i];
+  });
+}
+
+tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count, void* stream,
+                          int* applied, double* grad_norm) {
+  return guarded("tf_adam_step_on", [&] {
+    need(adam, "adam");
+    if (grads != nullptr) {
+      if (count != adam->where.size()) {
+        throw tierflow::error("count is " + std::to_string(count) + ", but the optimizer has " +
+                              std::to_string(adam->where.size()) + " params");
+      }
+      for (std::size_t k = 0; k < count; ++k) {
+        const auto [g, i] = adam->where[k];
+        adam->opt->set_grad(g, i, grads[k]);
+      }
+    }
+    tierflow::device& dev = *adam->dev;
+    dev.compute_after_native(stream);
+    run_step(adam, applied, grad_norm);
+    dev.native_after_streams(stream);
+  });
+}
+
+tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, float* exp_avg,
+                            float* exp_avg_sq, size_t elements, unsigned long long* step) {
+  return guarded("tf_adam_get_state", [&] {
+    need(adam, "adam");
+    const auto [g, i] = param_at(adam, index);
+    if (elements != adam->elements[g][i] && (master || exp_avg || exp_avg_sq)) {
+      throw tierflow::error("param " + std::to_string(index) + " has " +
+                            std::to_string(adam->elements[g][i]) + " elements, " +
+                            std::to_string(elements) + " asked for");
+    }
+    const auto copy = [&](std::vector<float> values, float* out) {
+      if (out != nullptr) {
+        std::memcpy(out, values.data(), values.size() * sizeof(float));
+      }
+    };
+    if (master != nullptr) {
+      copy(adam->opt->master_weights(g, i), master);
+    }
+    if (exp_avg != nullptr) {
+      copy(adam->opt->exp_avg(g, i), exp_avg);
+    }
+    if (exp_avg_sq != nullptr) {
+      copy(adam->opt->exp_avg_sq(g, i), exp_avg_sq);
+    }
+    if (step != nullptr) {
+      *step = adam->opt->step_count(g, i);
+    }
+  });
+}
+
+tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, const float* exp_avg,
+                            const float* exp_avg_sq, size_t elements, unsigned long long step) {
+  return guarded("tf_adam_set_state", [&] {
+    need(adam, "adam");
+    const auto [g, i] = param_at(adam, index);
+    adam->opt->set_state(g, i, master, exp_avg, exp_avg_sq, elements, step);
+  });
+}
+
+tf_status tf_adam_refresh_master(tf_adam* adam, size_t index) {
+  return guarded("tf_adam_refresh_master", [&] {
+    need(adam, "adam");
+    const auto [g, i] = param_at(adam, index);
+    adam->opt->refresh_master(g, i);
+  });
+}
+
+tf_status tf_adam_where_json(const tf_adam* adam, char* buffer, size_t capacity, size_t* needed) {
+  std::string json;
+  const tf_status s = guarded("tf_adam_where_json", [&] {
+    need(adam, "adam");
+    json = where_json(*adam);
+  });
+  return s != TF_OK ? s : json_out("tf_adam_where_json", json, buffer, capacity, needed);
 }
 
 }  // extern "C"

@@ -1,9 +1,10 @@
-// Layout (little-endian), version 1:
+// Layout (little-endian), version 2:
 //   "TFADAMCK"  u32 version  u32 header_bytes  header  u32 crc32c(everything before it)
 //   header: u64 piece_elements, u32 groups, then per group: f64 lr, beta1, beta2, eps,
 //           weight_decay; u8 decay (0 decoupled, 1 l2); u8 bias_correction; u64 steps;
 //           u32 params, then per param: u16 name bytes, name, u8 dtype (0 f32, 1 bf16, 2 f16),
-//           u64 elements
+//           u64 elements, u64 steps (the param's own; version 2 only: in version 1 files
+//           every param has its group's steps)
 //   payload: per group, per param, per piece of piece_elements: master, exp_avg, exp_avg_sq
 //           (f32 each), u32 crc32c of the piece
 //   "TFADEND!"
@@ -29,7 +30,8 @@ namespace {
 
 constexpr char magic[8] = {'T', 'F', 'A', 'D', 'A', 'M', 'C', 'K'};
 constexpr char end_magic[8] = {'T', 'F', 'A', 'D', 'E', 'N', 'D', '!'};
-constexpr std::uint32_t format_version = 1;
+constexpr std::uint32_t format_version = 2;
+constexpr std::uint32_t oldest_version = 1;  // still read
 constexpr std::uint32_t max_header_bytes = 64u << 20;
 constexpr std::size_t io_block = std::size_t{1} << 20;
 
@@ -81,6 +83,7 @@ struct saved_param {
   std::string name;
   param_dtype dtype = param_dtype::f32;
   std::uint64_t elements = 0;
+  std::uint64_t steps = 0;
 };
 
 struct saved_group {
@@ -157,9 +160,10 @@ saved_header read_header(checkpoint_file& file) {
   std::uint32_t header_bytes = 0;
   std::memcpy(&version, head + 8, 4);
   std::memcpy(&header_bytes, head + 12, 4);
-  if (version != format_version) {
+  if (version < oldest_version || version > format_version) {
     throw input_error(path, "checkpoint format version " + std::to_string(version) +
-                                " is not supported (this build reads version " +
+                                " is not supported (this build reads versions " +
+                                std::to_string(oldest_version) + " to " +
                                 std::to_string(format_version) + ")");
   }
   if (header_bytes > max_header_bytes || 16 + std::uint64_t{header_bytes} + 4 > file.size()) {
@@ -211,6 +215,12 @@ saved_header read_header(checkpoint_file& file) {
       }
       p.dtype = static_cast<param_dtype>(dtype);
       p.elements = in.get<std::uint64_t>("an element count");
+      p.steps = version >= 2 ? in.get<std::uint64_t>("a param's step count") : g.steps;
+      if (p.steps > g.steps) {
+        throw input_error(path, "corrupted header: param '" + p.name + "' has " +
+                                    std::to_string(p.steps) + " steps, its group " +
+                                    std::to_string(g.steps));
+      }
       if (p.elements == 0 || p.elements > (std::uint64_t{1} << 48)) {
         throw input_error(path, "corrupted header: param '" + p.name + "' has " +
                                     std::to_string(p.elements) + " elements");
@@ -336,6 +346,7 @@ void save_checkpoint(const std::filesystem::path& path, const std::vector<group_
       h.put_bytes(p.desc.name);
       h.put<std::uint8_t>(static_cast<std::uint8_t>(p.desc.dtype));
       h.put<std::uint64_t>(p.desc.elements);
+      h.put<std::uint64_t>(p.steps);
     }
   }
   unsigned char head[16];
@@ -376,6 +387,9 @@ void load_checkpoint(const std::filesystem::path& path, std::vector<group_state>
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     groups[gi].hyper = h.groups[gi].hyper;
     groups[gi].steps = h.groups[gi].steps;
+    for (std::size_t pi = 0; pi < groups[gi].params.size(); ++pi) {
+      groups[gi].params[pi].steps = h.groups[gi].params[pi].steps;
+    }
   }
 }
 

@@ -109,7 +109,12 @@ void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars) 
 
 void adam_core::count_step() {
   for (auto& g : groups) {
-    ++g.steps;
+    bool any = false;
+    for (auto& p : g.params) {
+      p.steps += p.active ? 1 : 0;
+      any = any || p.active;
+    }
+    g.steps += any ? 1 : 0;
   }
 }
 
@@ -133,7 +138,7 @@ const param_state& adam_core::param_at(std::size_t group, std::size_t param) con
 
 std::string adam_core::skip_reason() const {
   for (const auto& c : chunks) {
-    if (!std::isfinite(partial[c.index])) {
+    if (active(c) && !std::isfinite(partial[c.index])) {
       const auto& p = param_of(c);
       return "non-finite grad in '" + p.desc.name + "' (elements " + std::to_string(c.offset) +
              ".." + std::to_string(c.offset + c.count - 1) + "): step skipped, state unchanged";
@@ -156,8 +161,10 @@ bool adam_core::judge_grads(adam_step_result& result, std::vector<adam_scalars>&
     result.clip_coef = std::min(1.0, options.max_grad_norm / (result.grad_norm + 1e-6));
   }
   const double grad_scale = result.clip_coef / options.loss_scale;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    scalars.push_back(scalars_for(g, grad_scale));
+  for (const auto& g : groups) {
+    for (const auto& p : g.params) {
+      scalars.push_back(scalars_for(g, p, grad_scale));
+    }
   }
   return true;
 }

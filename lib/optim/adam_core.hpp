@@ -102,16 +102,19 @@ struct adam_core {
   std::size_t copy_grads_down(const chunk_ref& c, stream& d2h);
   // The Adam update of chunk @p c in the tier, from its grads in the host grads buffer.
   void update_on_host(const chunk_ref& c, const adam_scalars& scalars);
-  void count_step();  // every group's step count, +1
+  // Every active param's step count, and that of each group with an active param, +1.
+  void count_step();
+  [[nodiscard]] bool active(const chunk_ref& c) const { return param_of(c).active; }
 
   const group_state& group_at(std::size_t group) const;
   const param_state& param_at(std::size_t group, std::size_t param) const;
-  [[nodiscard]] adam_scalars scalars_for(std::size_t group, double grad_scale) const {
-    const auto& g = groups[group];
-    return make_adam_scalars(g.hyper, g.steps + 1, grad_scale);
+  // Per param (by chunk_ref::slot): its group's hyper-parameters at its own step count.
+  [[nodiscard]] adam_scalars scalars_for(const group_state& g, const param_state& p,
+                                         double grad_scale) const {
+    return make_adam_scalars(g.hyper, p.steps + 1, grad_scale);
   }
   [[nodiscard]] std::string skip_reason() const;
-  // From the chunks' Σ g²: the norm, the clip coefficient and each group's scalars; false
+  // From the chunks' Σ g²: the norm, the clip coefficient and each param's scalars; false
   // (with the reason in @p result) when a grad is not finite.
   bool judge_grads(adam_step_result& result, std::vector<adam_scalars>& scalars) const;
   [[nodiscard]] adam_step_error timed_out(const char* in_mode, const device_timeout& e) const;

@@ -81,6 +81,9 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   core_.dev.compute_stream().record(*core_.compute_done);
   d2h.wait(*core_.compute_done);
   for (const auto& c : core_.chunks) {
+    if (!core_.active(c)) {
+      continue;  // no grad this step: not read, and left alone
+    }
     const std::size_t bytes = core_.copy_grads_down(c, d2h);
     d2h.record(*core_.chunk_events[c.index]);
     core_.totals.bytes_d2h += bytes;
@@ -101,7 +104,8 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   result.applied = true;
   for (const auto& c : core_.chunks) {
     const auto& desc = core_.param_of(c).desc;
-    core_.totals.bytes_h2d += desc.param_on_host ? 0 : c.count * dtype_bytes(desc.dtype);
+    const bool sent = core_.active(c) && !desc.param_on_host;
+    core_.totals.bytes_h2d += sent ? c.count * dtype_bytes(desc.dtype) : 0;
   }
   check_uploads(h2d);
   return result;
@@ -112,6 +116,10 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
 void adam_cpu_step::sum_grads(const step_deadline& deadline) {
   const auto sum_chunk = [this, &deadline](std::size_t index) {
     const chunk_ref& c = core_.chunks[index];
+    if (!core_.active(c)) {
+      core_.partial[index] = 0;
+      return;
+    }
     await(*core_.chunk_events[index], deadline,
           "the grads (the work that makes them, then their copy)");
     const param_state& p = core_.param_of(c);
@@ -146,7 +154,10 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
 void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalars>& scalars) {
   const auto update_chunk = [&](std::size_t index, std::size_t slot_hint) {
     const chunk_ref& c = core_.chunks[index];
-    core_.update_on_host(c, scalars[c.group]);
+    if (!core_.active(c)) {
+      return;
+    }
+    core_.update_on_host(c, scalars[c.slot]);
     upload_chunk(h2d, c, slot_hint);
   };
   std::vector<std::size_t> turns(threads_, 0);  // each worker's own count

@@ -20,6 +20,8 @@ struct param_state {
   tier_allocation master;       // elements floats
   tier_allocation moments;      // 2 × elements floats: exp_avg, then exp_avg_sq
   std::size_t grad_offset = 0;  // bytes into the host grads buffer
+  std::uint64_t steps = 0;      // steps applied to this param (t of its bias correction)
+  bool active = true;           // it has a grad this step (else the step leaves it alone)
 
   [[nodiscard]] float* master_p() const noexcept { return static_cast<float*>(master.data()); }
   [[nodiscard]] float* moments_m() const noexcept { return static_cast<float*>(moments.data()); }
@@ -28,7 +30,7 @@ struct param_state {
 
 struct group_state {
   adam_hyper hyper;
-  std::uint64_t steps = 0;
+  std::uint64_t steps = 0;  // steps applied to any of its params
   std::vector<param_state> params;
 };
 
@@ -39,6 +41,7 @@ struct chunk_ref {
   std::size_t offset = 0;  // elements into the param
   std::size_t count = 0;
   std::size_t index = 0;  // in the optimizer's chunk list
+  std::size_t slot = 0;   // its param's index over every group (group 0's params first)
   int node = -1;          // NUMA node of its state (-1: unknown)
 };
 

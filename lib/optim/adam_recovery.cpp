@@ -143,7 +143,9 @@ bool streamed_recovery::finish_on_host(const std::vector<std::size_t>& rest,
     core_.dev.compute_stream().record(*core_.compute_done);
     d2h.wait(*core_.compute_done);
     for (const std::size_t index : rest) {
-      core_.copy_grads_down(core_.chunks[index], d2h);
+      if (core_.active(core_.chunks[index])) {
+        core_.copy_grads_down(core_.chunks[index], d2h);
+      }
     }
     d2h.synchronize();
   } catch (const device_error& e) {
@@ -153,7 +155,9 @@ bool streamed_recovery::finish_on_host(const std::vector<std::size_t>& rest,
   }
   for (const std::size_t index : rest) {
     const chunk_ref& c = core_.chunks[index];
-    core_.update_on_host(c, scalars[c.group]);
+    if (core_.active(c)) {
+      core_.update_on_host(c, scalars[c.slot]);
+    }
   }
   return true;
 }

@@ -57,6 +57,9 @@ void adam_streamed_step::norm_pass() {
   try {
     for (const auto& c : core_.chunks) {
       const param_state& p = core_.param_of(c);
+      if (!p.active) {
+        continue;  // its sum is zeroed below
+      }
       const std::size_t eb = dtype_bytes(p.desc.dtype);
       device_side_->sum_squares(compute, c.index,
                                 static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
@@ -68,6 +71,9 @@ void adam_streamed_step::norm_pass() {
             "the grads (the work that makes them, then the norm pass)");
     }
     device_side_->collect(compute, core_.partial);
+    for (const auto& c : core_.chunks) {
+      core_.partial[c.index] = core_.active(c) ? core_.partial[c.index] : 0.0;
+    }
   } catch (const device_timeout& e) {
     throw core_.timed_out("streamed", e);  // the work stays queued; the next step runs after it
   } catch (const device_error& e) {
@@ -120,11 +126,16 @@ void adam_streamed_step::stream_chunk(const chunk_ref& c, const std::vector<adam
   auto* master = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][0]));
   auto* m = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][1]));
   auto* v = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][2]));
-  const void* grad = static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb;
+  const void* grad =
+      p.active ? static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb : nullptr;
   void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
   undo_.save(c, staged.compute(), master, m, v);
-  device_side_->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
-                       scalars[c.group]);
+  // A param without a grad this step streams through unchanged (its undo copy and write-back
+  // hold what it held), so that recovery treats every chunk alike.
+  if (p.active) {
+    device_side_->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
+                         scalars[c.slot]);
+  }
   acquired.reset();
   core_.scheduler->release(c.index, true);
   // After the write-back the release enqueued (the d2h stream runs in order).

@@ -155,6 +155,10 @@ struct offload_adam::impl {
   void allocate_state(std::vector<adam_group>& in);
   void make_chunks();
   void read_initial_params();
+  // Reads @p p's device values into its master weights. @throws device_error (master as
+  // before)
+  void read_params(const detail::param_state& p);
+  void refuse_while_pending(const char* call) const;
   [[nodiscard]] bool pending() const noexcept { return streamed && streamed->recovery().pending(); }
 };
 
@@ -258,8 +262,9 @@ void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
 }
 
 void offload_adam::impl::make_chunks() {
+  std::size_t slot = 0;
   for (std::size_t gi = 0; gi < core.groups.size(); ++gi) {
-    for (std::size_t pi = 0; pi < core.groups[gi].params.size(); ++pi) {
+    for (std::size_t pi = 0; pi < core.groups[gi].params.size(); ++pi, ++slot) {
       const param_state& p = core.groups[gi].params[pi];
       for (std::size_t off = 0; off < p.desc.elements; off += core.options.chunk_elements) {
         chunk_ref c;
@@ -268,6 +273,7 @@ void offload_adam::impl::make_chunks() {
         c.offset = off;
         c.count = std::min(core.options.chunk_elements, p.desc.elements - off);
         c.index = core.chunks.size();
+        c.slot = slot;
         c.node = node_of(p.moments_m() + off, c.count * sizeof(float));
         core.chunks.push_back(c);
       }
@@ -276,6 +282,25 @@ void offload_adam::impl::make_chunks() {
   core.partial.assign(core.chunks.size(), 0.0);
   core.totals.chunks = core.chunks.size();
   core.totals.params = core.total_elements;
+}
+
+void offload_adam::impl::read_params(const detail::param_state& p) {
+  stream& d2h = core.dev.d2h_stream();
+  core.dev.compute_stream().record(*core.compute_done);
+  d2h.wait(*core.compute_done);
+  auto* host = static_cast<unsigned char*>(core.grads_host.data()) + p.grad_offset;
+  if (!p.desc.param_on_host) {
+    try {
+      core.dev.copy_async(host, p.desc.param, p.desc.elements * dtype_bytes(p.desc.dtype),
+                          copy_kind::d2h, d2h);
+      d2h.synchronize();
+    } catch (const device_error&) {
+      core.settle_device();
+      throw;
+    }
+  }
+  detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host, p.desc.dtype, p.master_p(),
+                      p.desc.elements);
 }
 
 void offload_adam::impl::read_initial_params() {
@@ -397,6 +422,77 @@ bool offload_adam::params_current() const noexcept {
 
 std::uint64_t offload_adam::step_count(std::size_t group) const {
   return impl_->core.group_at(group).steps;
+}
+
+std::uint64_t offload_adam::step_count(std::size_t group, std::size_t param) const {
+  return impl_->core.param_at(group, param).steps;
+}
+
+std::size_t offload_adam::param_count(std::size_t group) const {
+  return impl_->core.group_at(group).params.size();
+}
+
+void offload_adam::impl::refuse_while_pending(const char* call) const {
+  if (pending()) {
+    throw error(std::string("offload_adam::") + call +
+                ": a failed step is pending (half done); step() completes it first");
+  }
+}
+
+void offload_adam::set_grad(std::size_t group, std::size_t param, const void* grad) {
+  impl_->core.param_at(group, param);
+  impl_->refuse_while_pending("set_grad");
+  detail::param_state& p = impl_->core.groups[group].params[param];
+  p.active = grad != nullptr;
+  if (grad != nullptr) {
+    p.desc.grad = grad;
+  }
+}
+
+void offload_adam::set_state(std::size_t group, std::size_t param, const float* master,
+                             const float* exp_avg, const float* exp_avg_sq, std::size_t elements,
+                             std::uint64_t steps) {
+  const detail::param_state& p = impl_->core.param_at(group, param);
+  impl_->refuse_while_pending("set_state");
+  const std::string what = "offload_adam::set_state: '" + p.desc.name + "'";
+  if (elements != p.desc.elements) {
+    throw error(what + " has " + std::to_string(p.desc.elements) + " elements, " +
+                std::to_string(elements) + " given");
+  }
+  const auto check = [&](const float* values, const char* name, bool non_negative) {
+    for (std::size_t i = 0; values != nullptr && i < elements; ++i) {
+      if (!std::isfinite(values[i]) || (non_negative && values[i] < 0)) {
+        throw error(what + ": " + name + "[" + std::to_string(i) + "] is " +
+                    detail::number(values[i]) +
+                    (non_negative ? " (must be finite and >= 0)" : " (must be finite)"));
+      }
+    }
+  };
+  check(master, "master", false);
+  check(exp_avg, "exp_avg", false);
+  check(exp_avg_sq, "exp_avg_sq", true);
+  impl_->core.flush_state();
+  const std::size_t bytes = elements * sizeof(float);
+  if (master != nullptr) {
+    std::memcpy(p.master_p(), master, bytes);
+    impl_->core.params_stale = true;
+  }
+  if (exp_avg != nullptr) {
+    std::memcpy(p.moments_m(), exp_avg, bytes);
+  }
+  if (exp_avg_sq != nullptr) {
+    std::memcpy(p.moments_v(), exp_avg_sq, bytes);
+  }
+  impl_->core.groups[group].params[param].steps = steps;
+  auto& g = impl_->core.groups[group];
+  g.steps = std::max(g.steps, steps);
+}
+
+void offload_adam::refresh_master(std::size_t group, std::size_t param) {
+  const detail::param_state& p = impl_->core.param_at(group, param);
+  impl_->refuse_while_pending("refresh_master");
+  impl_->core.flush_state();
+  impl_->read_params(p);
 }
 
 std::size_t offload_adam::group_count() const noexcept {

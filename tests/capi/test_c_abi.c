@@ -219,6 +219,68 @@ int main(int argc, char** argv) {
   CHECK(strstr(tf_last_error(), "/nonexistent/x.tfck") != NULL);
   remove(path);
 
+  /* The calls a framework makes: a step over this step's grads (w0 has none: left alone),
+   * per-param state out and in, where the state is. */
+  size_t count_params = 0, elements = 0;
+  CHECK(tf_adam_param_count(adam, &count_params) == TF_OK && count_params == 2);
+  CHECK(tf_adam_param_elements(adam, 1, &elements) == TF_OK && elements == N1);
+  CHECK(tf_adam_param_elements(adam, 2, &elements) == TF_ERR_INVALID_ARGUMENT);
+  for (size_t e = 0; e < N1; ++e) {
+    host_g[1][e] = 0.1f * normal();
+    reference(&ref_p[1][e], &ref_m[1][e], &ref_v[1][e], host_g[1][e], hyper.lr * 0.5, hyper.beta1,
+              hyper.beta2, hyper.eps, hyper.weight_decay, STEPS + 1);
+  }
+  CHECK(tf_device_copy(dev, dev_g[1], host_g[1], N1 * sizeof(float), TF_COPY_H2D) == TF_OK);
+  CHECK(tf_adam_set_lr(adam, hyper.lr * 0.5) == TF_OK);
+  const void* grads[2] = {NULL, dev_g[1]};
+  CHECK(tf_adam_step_on(adam, grads, 3, NULL, &applied, NULL) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "count is 3, but the optimizer has 2 params") != NULL);
+  CHECK(tf_adam_step_on(adam, grads, 2, NULL, &applied, NULL) == TF_OK && applied == 1);
+  unsigned long long steps0 = 0, steps1 = 0;
+  float* m1 = malloc(N1 * sizeof(float));
+  float* v1 = malloc(N1 * sizeof(float));
+  float* p1 = malloc(N1 * sizeof(float));
+  CHECK(tf_adam_get_state(adam, 0, NULL, NULL, NULL, 0, &steps0) == TF_OK && steps0 == STEPS);
+  CHECK(tf_adam_get_state(adam, 1, p1, m1, v1, N1, &steps1) == TF_OK && steps1 == STEPS + 1);
+  CHECK(memcmp(p1, ref_p[1], N1 * sizeof(float)) == 0);
+  CHECK(memcmp(m1, ref_m[1], N1 * sizeof(float)) == 0);
+  CHECK(memcmp(v1, ref_v[1], N1 * sizeof(float)) == 0);
+  CHECK(tf_adam_get_state(adam, 1, p1, NULL, NULL, N1 - 1, NULL) == TF_ERR_INVALID_ARGUMENT);
+  /* w0 kept its params (it had no grad). */
+  CHECK(tf_device_copy(dev, host_p[0], dev_p[0], N0 * sizeof(float), TF_COPY_D2H) == TF_OK);
+  CHECK(memcmp(host_p[0], ref_p[0], N0 * sizeof(float)) == 0);
+  /* State in: w1 takes new moments and step; a negative exp_avg_sq is refused first. */
+  for (size_t e = 0; e < N1; ++e) {
+    m1[e] = 0.01f * normal();
+    v1[e] = 0.001f * fabsf(normal()) + 1e-6f;
+  }
+  v1[N1 / 2] = -1.0f;
+  CHECK(tf_adam_set_state(adam, 1, NULL, m1, v1, N1, 3) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "exp_avg_sq[") != NULL);
+  v1[N1 / 2] = 0.5f;
+  CHECK(tf_adam_set_state(adam, 1, NULL, m1, v1, N1, 3) == TF_OK);
+  float* back = malloc(N1 * sizeof(float));
+  CHECK(tf_adam_get_state(adam, 1, NULL, NULL, back, N1, &steps1) == TF_OK && steps1 == 3);
+  CHECK(memcmp(back, v1, N1 * sizeof(float)) == 0);
+  /* refresh_master: the master takes the device values. */
+  for (size_t e = 0; e < N1; ++e) {
+    p1[e] = normal();
+  }
+  CHECK(tf_device_copy(dev, dev_p[1], p1, N1 * sizeof(float), TF_COPY_H2D) == TF_OK);
+  CHECK(tf_adam_refresh_master(adam, 1) == TF_OK);
+  CHECK(tf_adam_get_state(adam, 1, back, NULL, NULL, N1, NULL) == TF_OK);
+  CHECK(memcmp(back, p1, N1 * sizeof(float)) == 0);
+  free(back);
+  free(m1);
+  free(v1);
+  free(p1);
+  CHECK(tf_adam_where_json(adam, tiny, sizeof tiny, &needed) == TF_ERR_BUFFER_TOO_SMALL);
+  json = malloc(needed);
+  CHECK(tf_adam_where_json(adam, json, needed, NULL) == TF_OK);
+  CHECK(strstr(json, "\"master_params\":{\"total_pages\":") != NULL);
+  CHECK(strstr(json, "\"node_tiers\":{") != NULL);
+  free(json);
+
   tf_adam_destroy(adam);
   tf_adam_destroy(NULL);
   for (int i = 0; i < 2; ++i) {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build tree into a scratch prefix, then builds tests/consumer against it twice:
-# with find_package(tierflow CONFIG) and with pkg-config. Both must classify a fixture.
+# with find_package(tierflow CONFIG) and with pkg-config. Both must classify a fixture. Then the
+# C consumer against the shared library (both ways), and the shared library's exports: the C
+# ABI only.
 # Usage: run.sh BUILD_DIR SOURCE_DIR CXX_COMPILER [CXX_FLAGS]
 set -euo pipefail
 build=$1 source=$2 cxx=$3 cxxflags=${4:-}
@@ -27,3 +29,20 @@ export PKG_CONFIG_PATH="$prefix/usr/lib/pkgconfig:$prefix/usr/lib64/pkgconfig:$p
 got=$("$prefix/pc-consumer" "$fixture" | xargs)
 echo "pkg-config consumer: $got"
 [ "$got" = "$expected" ] || { echo "expected: $expected"; exit 1; }
+
+version=$(sed -n 's/^project(tierflow VERSION \([0-9.]*\).*/\1/p' "$source/CMakeLists.txt")
+got=$("$prefix/cmake-build/c_consumer")
+echo "find_package C consumer: $got"
+[ "$got" = "tierflow-c $version" ] || { echo "expected: tierflow-c $version"; exit 1; }
+# shellcheck disable=SC2046
+cc -o "$prefix/pc-c-consumer" "$source/tests/consumer/c_consumer.c" \
+  $(pkg-config --cflags --libs tierflow-c) -Wl,-rpath,"$(pkg-config --variable=libdir tierflow-c)"
+got=$("$prefix/pc-c-consumer")
+echo "pkg-config C consumer: $got"
+[ "$got" = "tierflow-c $version" ] || { echo "expected: tierflow-c $version"; exit 1; }
+so=$(find "$prefix/usr" -name 'libtierflow.so.*.*' | head -n 1)
+soname=$(objdump -p "$so" | awk '$1 == "SONAME" {print $2}')
+echo "shared library: $so, SONAME $soname"
+[ "$soname" = "libtierflow.so.${version%%.*}" ] || { echo "expected SONAME libtierflow.so.${version%%.*}"; exit 1; }
+others=$(nm -D --defined-only "$so" | awk '$2 ~ /[TDBRVW]/ && $3 !~ /^tf_/ {print $3}' | head -n 5)
+[ -z "$others" ] || { echo "libtierflow.so exports more than tf_*: $others"; exit 1; }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -924,4 +925,164 @@ TEST_CASE("params in host memory are updated in place, with no H2D", "[adam]") {
   mdl.check_state(opt);
   CHECK(opt.metrics().bytes_h2d == 0);
   CHECK(opt.metrics().bytes_d2h > 0);
+}
+
+TEST_CASE("a param without a grad is left alone and keeps its own step count", "[adam]") {
+  auto gen = test::rng(1201);
+  const topology topo = topology::discover();
+  auto policy = host_placement(topo);
+  for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed}) {
+    auto dev = adam_device();
+    model mdl(*dev);
+    random_model(mdl, gen, 3000);
+    adam_options o;
+    o.mode = mode;
+    o.chunk_elements = pick(gen, 64, 1024);
+    o.max_grad_norm = 2.0;
+    INFO("mode " << to_string(mode) << ", chunk " << o.chunk_elements);
+    offload_adam opt(*dev, mdl.describe(), o, policy);
+    std::vector<std::vector<std::uint64_t>> steps(mdl.groups.size());
+    for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+      steps[g].assign(mdl.groups[g].size(), 0);
+    }
+    const auto path = std::filesystem::temp_directory_path() /
+                      ("tierflow_masked_" + std::to_string(gen()) + ".tfck");
+    for (int step = 0; step < 8; ++step) {
+      const auto grads = mdl.random_grads(gen, 0.5f);
+      mdl.set_grads(grads);
+      // Each param has a grad with probability 1/2; a skipped param's grad holds NaN, so
+      // reading it would poison the norm.
+      double total = 0;
+      std::vector<std::vector<std::vector<float>>> decoded(mdl.groups.size());
+      std::vector<std::vector<char>> has(mdl.groups.size());
+      for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+        for (std::size_t i = 0; i < mdl.groups[g].size(); ++i) {
+          auto& t = mdl.groups[g][i];
+          const bool active = pick(gen, 0, 1) == 1;
+          has[g].push_back(active ? 1 : 0);
+          const auto raw = test::encode_values(grads[g][i], t.dtype);
+          decoded[g].push_back(decode(raw.data(), t.n, t.dtype));
+          if (!active) {
+            std::memset(t.grad, 0xff, t.n * dtype_bytes(t.dtype));  // NaN in every dtype
+            opt.set_grad(g, i, nullptr);
+            continue;
+          }
+          opt.set_grad(g, i, t.grad);
+          for (std::size_t off = 0; off < t.n; off += o.chunk_elements) {
+            total +=
+                sum_squares_reference(decoded[g][i], off, std::min(o.chunk_elements, t.n - off));
+          }
+        }
+      }
+      const double norm = std::sqrt(total);
+      const double clip = std::min(1.0, o.max_grad_norm / (norm + 1e-6));
+      for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+        for (std::size_t i = 0; i < mdl.groups[g].size(); ++i) {
+          if (has[g][i] == 0) {
+            continue;
+          }
+          auto& t = mdl.groups[g][i];
+          const auto s = scalars_of(mdl.hyper[g], ++steps[g][i], clip);
+          for (std::size_t e = 0; e < t.n; ++e) {
+            formula(t.p[e], t.m[e], t.v[e], decoded[g][i][e], s);
+          }
+        }
+      }
+      const auto r = opt.step();
+      REQUIRE(r.applied);
+      CHECK(r.grad_norm == norm);
+      mdl.check_state(opt);
+      mdl.check_device_params();  // a skipped param's device values were not rewritten
+      for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+        for (std::size_t i = 0; i < mdl.groups[g].size(); ++i) {
+          CHECK(opt.step_count(g, i) == steps[g][i]);
+        }
+      }
+      if (step == 4) {
+        opt.save(path);
+      }
+    }
+    // The per-param step counts survive a checkpoint.
+    model again(*dev);
+    for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+      for (const auto& t : mdl.groups[g]) {
+        again.add(g, t.name, t.dtype, test::nonzero_normals(t.n, 1.0f, gen));
+      }
+      again.hyper[g] = mdl.hyper[g];
+    }
+    offload_adam other(*dev, again.describe(), o, policy);
+    opt.save(path);
+    other.load(path);
+    std::filesystem::remove(path);
+    for (std::size_t g = 0; g < mdl.groups.size(); ++g) {
+      CHECK(other.step_count(g) == opt.step_count(g));
+      for (std::size_t i = 0; i < mdl.groups[g].size(); ++i) {
+        CHECK(other.step_count(g, i) == steps[g][i]);
+        CHECK(other.exp_avg_sq(g, i) == mdl.groups[g][i].v);
+      }
+    }
+  }
+}
+
+TEST_CASE("set_state replaces a param's state and refresh_master re-reads its device values",
+          "[adam]") {
+  auto gen = test::rng(1202);
+  const topology topo = topology::discover();
+  auto policy = host_placement(topo);
+  auto dev = adam_device();
+  model mdl(*dev);
+  mdl.add(0, "a", param_dtype::bf16, test::nonzero_normals(700, 1.0f, gen));
+  mdl.add(0, "b", param_dtype::f32, test::nonzero_normals(300, 1.0f, gen));
+  mdl.hyper[0] = test::random_hyper(gen);
+  adam_options o;
+  o.mode = adam_mode::cpu;
+  o.chunk_elements = 256;
+  offload_adam opt(*dev, mdl.describe(), o, policy);
+  auto& a = mdl.groups[0][0];
+  a.p = test::nonzero_normals(a.n, 1.0f, gen);
+  a.m = test::nonzero_normals(a.n, 0.1f, gen);
+  a.v = test::nonzero_normals(a.n, 0.1f, gen);
+  for (auto& x : a.v) {
+    x = x * x;
+  }
+  opt.set_state(0, 0, a.p.data(), a.m.data(), a.v.data(), a.n, 7);
+  CHECK(opt.step_count(0, 0) == 7);
+  CHECK(opt.step_count(0, 1) == 0);
+  CHECK_FALSE(opt.params_current());  // the new master is sent by the next step or sync
+  opt.sync_params();
+  CHECK(opt.params_current());
+  mdl.check_state(opt);
+  mdl.check_device_params();
+  // Refused values change nothing.
+  auto bad = a.v;
+  bad[pick(gen, 0, a.n - 1)] = -1.0f;
+  CHECK_THROWS_WITH(opt.set_state(0, 0, nullptr, nullptr, bad.data(), a.n, 8),
+                    Catch::Contains("exp_avg_sq[") && Catch::Contains("must be finite and >= 0"));
+  CHECK_THROWS_WITH(opt.set_state(0, 0, a.p.data(), nullptr, nullptr, a.n - 1, 8),
+                    Catch::Contains("has 700 elements, 699 given"));
+  CHECK(opt.step_count(0, 0) == 7);
+  mdl.check_state(opt);
+  // The framework writes new values into param b; refresh_master takes them.
+  auto& b = mdl.groups[0][1];
+  b.p = test::nonzero_normals(b.n, 1.0f, gen);
+  std::memcpy(b.param, b.p.data(), b.n * sizeof(float));
+  CHECK(opt.master_weights(0, 1) != b.p);
+  opt.refresh_master(0, 1);
+  CHECK(opt.master_weights(0, 1) == b.p);
+  // A step then continues from the state set, at each param's own step count.
+  const auto grads = mdl.random_grads(gen, 0.3f);
+  mdl.set_grads(grads);
+  for (std::size_t i = 0; i < 2; ++i) {
+    auto& t = mdl.groups[0][i];
+    const auto raw = test::encode_values(grads[0][i], t.dtype);
+    const auto g = decode(raw.data(), t.n, t.dtype);
+    const auto s = scalars_of(mdl.hyper[0], i == 0 ? 8 : 1, 1.0);
+    for (std::size_t e = 0; e < t.n; ++e) {
+      formula(t.p[e], t.m[e], t.v[e], g[e], s);
+    }
+  }
+  REQUIRE(opt.step().applied);
+  mdl.check_state(opt);
+  mdl.check_device_params();
+  CHECK(opt.step_count(0) == 8);
 }
