@@ -152,20 +152,27 @@ class device {
   virtual void synchronize() = 0;
 
   /**
-   * @brief Orders this device's work after a caller's: later work on compute_stream() waits,
-   * on the device (the host does not block), for the work enqueued so far on @p native, the
-   * backend's handle of the caller's stream (a `cudaStream_t`; nullptr is CUDA's default
-   * stream). The emulated device has no foreign streams: a caller's work on it is done when
-   * it calls, so this is a no-op there.
+   * @brief Orders this device's work after a caller's: later work on @p on (a stream of this
+   * device) waits, on the device (the host does not block), for the work enqueued so far on
+   * @p native, the backend's handle of the caller's stream (a `cudaStream_t`; nullptr is
+   * CUDA's default stream). The emulated device has no foreign streams: a caller's work on it
+   * is done when it calls, so this is a no-op there.
    * @throws device_error when the backend refuses
    */
-  virtual void compute_after_native(void* native) { static_cast<void>(native); }
+  virtual void stream_after_native(stream& on, void* native) {
+    static_cast<void>(on);
+    static_cast<void>(native);
+  }
   /**
    * @brief The other way: later work on @p native waits, on the device, for the work enqueued
-   * so far on this device's compute and copy streams. A no-op on the emulated device.
+   * so far on @p on. A no-op on the emulated device (the caller synchronizes @p on instead
+   * when its host must read what @p on produced).
    * @throws device_error when the backend refuses
    */
-  virtual void native_after_streams(void* native) { static_cast<void>(native); }
+  virtual void native_after_stream(void* native, stream& on) {
+    static_cast<void>(native);
+    static_cast<void>(on);
+  }
 };
 
 /**

@@ -208,6 +208,12 @@ class prefetch_scheduler {
    */
   void flush();
 
+  /**
+   * @brief flush(), then forgets where in the plan it was: the next acquire may name any step.
+   * For a pass that ends early (a forward pass with no backward after it).
+   * @throws as flush()
+   */
+  void restart();
   /** @brief The HBM copy of resident buffer @p id. @throws tierflow::error if not resident */
   [[nodiscard]] void* resident_pointer(buffer_id id) const;
 

@@ -68,6 +68,9 @@ typedef struct tf_adam_param {
   tf_dtype dtype;
   size_t elements;
   size_t group; /* index into the hyper array given to tf_adam_create */
+  /* 1: param is host memory (a cold weight's tier copy, e.g. a tf_scheduler buffer): the step
+   * writes the update there directly, with no H2D (mode TF_ADAM_CPU only); 0: device memory. */
+  int param_on_host;
 } tf_adam_param;
 
 typedef struct tf_adam_options {
@@ -184,6 +187,71 @@ tf_status tf_adam_refresh_master(tf_adam* adam, size_t index);
  * {"page_bytes":4096,"master_params":{"total_pages":N,"untouched_pages":N,"nodes":{"0":N,...}},
  *  "optimizer_state":{...}}, with "tier" names per node in "node_tiers":{"0":"dram",...}. */
 tf_status tf_adam_where_json(const tf_adam* adam, char* buffer, size_t capacity, size_t* needed);
+
+/* --- Streaming buffers through HBM: the prefetch scheduler ----------------------------------
+ * A plan of steps, each using some buffers whose home is host tier memory; steps run in plan
+ * order, the plan repeats, and each step's buffers are staged into HBM `window` steps ahead
+ * (see prefetch_scheduler.hpp). A framework streams a model's cold weights with it: one step
+ * per block in the forward pass, then one per block in reverse for the backward pass. */
+typedef struct tf_scheduler tf_scheduler;
+
+typedef struct tf_sched_buffer {
+  const char* name; /* unique, for traces and errors (NULL: made up) */
+  size_t bytes;     /* > 0 */
+  /* Its tier copy: host memory that outlives the scheduler, or NULL: the scheduler allocates
+   * it in a host tier (class `params` of the placement policy) and frees it at destroy; see
+   * tf_scheduler_host_pointer. */
+  void* data;
+} tf_sched_buffer;
+
+typedef struct tf_sched_step {
+  const char* name;      /* NULL: made up */
+  const size_t* buffers; /* indices into the buffers array: what the step uses */
+  size_t count;          /* > 0 */
+  int writes;            /* 1: it may change its buffers (written back after a dirty release) */
+} tf_sched_step;
+
+typedef struct tf_sched_options {
+  unsigned long long hbm_budget_bytes; /* 0: room for window + 1 of the largest step */
+  unsigned long long window;           /* steps prefetched ahead (0: fetched at acquire) */
+  int adaptive;                        /* 1: the window adapts to stalls, within the budget */
+  int trace;                           /* 1: record a Perfetto trace (tf_scheduler_trace_json) */
+  const char* placement;               /* as in tf_adam_options, for the buffers it allocates */
+} tf_sched_options;
+
+void tf_sched_options_default(tf_sched_options* options);
+
+/* The device must outlive the scheduler. Refused (TF_ERR_INVALID_ARGUMENT) for an empty plan,
+ * a buffer index out of range, a zero size, a budget below the largest step;
+ * TF_ERR_OUT_OF_MEMORY when the tiers or the device cannot hold it. */
+tf_status tf_scheduler_create(tf_device* device, const tf_sched_buffer* buffers,
+                              size_t buffer_count, const tf_sched_step* steps, size_t step_count,
+                              const tf_sched_options* options, tf_scheduler** out);
+/* Waits for its device work, writes dirty buffers back, frees its HBM and what it allocated. */
+void tf_scheduler_destroy(tf_scheduler* scheduler);
+/* Buffer `buffer`'s tier copy (host memory; change it only between a flush and the next
+ * acquire). */
+tf_status tf_scheduler_host_pointer(const tf_scheduler* scheduler, size_t buffer, void** out);
+/* Stages step `step` (steps go in plan order, wrapping; the first after create or restart may
+ * be any) and gives its buffers' HBM pointers, in the step's order, into pointers[0 .. count-1]
+ * (count = the step's buffer count). stream as in tf_adam_step_on: on CUDA the caller's stream
+ * waits for the staging on the device; on the emulated device the call returns once the
+ * buffers have landed, for the caller's thread reads them next. */
+tf_status tf_scheduler_acquire(tf_scheduler* scheduler, size_t step, void* stream, void** pointers,
+                               size_t count);
+/* Ends step `step` once the work the caller enqueued on `stream` that uses its buffers is
+ * done (on CUDA ordered on the device, not waited for); dirty: 1 when it wrote them. */
+tf_status tf_scheduler_release(tf_scheduler* scheduler, size_t step, int dirty, void* stream);
+/* Writes dirty buffers back, waits, and drops what was staged ahead: the tier copies are then
+ * current, and the caller may change them before the next acquire. */
+tf_status tf_scheduler_flush(tf_scheduler* scheduler);
+/* tf_scheduler_flush, then the next acquire may name any step (a pass that ended early). */
+tf_status tf_scheduler_restart(tf_scheduler* scheduler);
+/* {"schema_version":N,"scheduler":{...}} (keys in docs/scheduler.md), and the trace. */
+tf_status tf_scheduler_metrics_json(tf_scheduler* scheduler, char* buffer, size_t capacity,
+                                    size_t* needed);
+tf_status tf_scheduler_trace_json(tf_scheduler* scheduler, char* buffer, size_t capacity,
+                                  size_t* needed);
 
 #ifdef __cplusplus
 }

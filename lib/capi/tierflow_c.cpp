@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/capi_support.hpp"
 #include "tierflow/build_config.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/metrics.hpp"
@@ -16,10 +17,6 @@
 #include "tierflow/placement_policy.hpp"
 #include "tierflow/tierflow.h"
 #include "tierflow/topology.hpp"
-
-struct tf_device {
-  std::unique_ptr<tierflow::device> dev;
-};
 
 struct tf_adam {
   tierflow::topology topo;
@@ -35,42 +32,7 @@ struct tf_adam {
 
 namespace {
 
-thread_local std::string last_error;
-
-tf_status fail(tf_status status, std::string message) {
-  last_error = std::move(message);
-  return status;
-}
-
-// Runs @p fn, turning every exception into a status and a message.
-template <typename F>
-tf_status guarded(const char* call, F&& fn) noexcept {
-  try {
-    last_error.clear();
-    fn();
-    return TF_OK;
-  } catch (const tierflow::input_error& e) {
-    return fail(TF_ERR_INPUT, std::string(call) + ": " + e.what());
-  } catch (const tierflow::out_of_capacity& e) {
-    return fail(TF_ERR_OUT_OF_MEMORY, std::string(call) + ": " + e.what());
-  } catch (const tierflow::device_error& e) {
-    return fail(TF_ERR_DEVICE, std::string(call) + ": " + e.what());
-  } catch (const tierflow::error& e) {
-    return fail(TF_ERR_INVALID_ARGUMENT, std::string(call) + ": " + e.what());
-  } catch (const std::bad_alloc&) {
-    return fail(TF_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory");
-  } catch (const std::exception& e) {
-    return fail(TF_ERR_INTERNAL, std::string(call) + ": " + e.what());
-  } catch (...) {
-    return fail(TF_ERR_INTERNAL, std::string(call) + ": unknown failure");
-  }
-}
-
-void need(const void* p, const char* what) {
-  if (p == nullptr) {
-    throw tierflow::error(std::string(what) + " is NULL");
-  }
-}
+using namespace tierflow::capi;
 
 tierflow::adam_hyper to_hyper(const tf_adam_hyper& h) {
   tierflow::adam_hyper out;
@@ -147,21 +109,6 @@ std::string where_json(const tf_adam& adam) {
   return w.str();
 }
 
-// Copies @p json into the caller's buffer (tf_*_json calls).
-tf_status json_out(const char* call, const std::string& json, char* buffer, size_t capacity,
-                   size_t* needed) {
-  if (needed != nullptr) {
-    *needed = json.size() + 1;
-  }
-  if (buffer == nullptr || capacity < json.size() + 1) {
-    return fail(TF_ERR_BUFFER_TOO_SMALL, std::string(call) + ": the JSON needs " +
-                                             std::to_string(json.size() + 1) + " bytes, " +
-                                             std::to_string(capacity) + " given");
-  }
-  std::memcpy(buffer, json.c_str(), json.size() + 1);
-  return TF_OK;
-}
-
 tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
   switch (d) {
     case TF_DTYPE_F32:
@@ -182,7 +129,7 @@ tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
 extern "C" {
 
 const char* tf_last_error(void) {
-  return last_error.c_str();
+  return tierflow::capi::last_error.c_str();
 }
 
 const char* tf_version(void) {
@@ -298,6 +245,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       ap.grad = p.grad;
       ap.dtype = to_dtype(p.dtype, i);
       ap.elements = p.elements;
+      ap.param_on_host = p.param_on_host != 0;
       a->where.emplace_back(p.group, gs[p.group].params.size());
       a->elements.resize(groups);
       a->elements[p.group].push_back(p.elements);
@@ -462,9 +410,11 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
       }
     }
     tierflow::device& dev = *adam->dev;
-    dev.compute_after_native(stream);
+    dev.stream_after_native(dev.compute_stream(), stream);
     run_step(adam, applied, grad_norm);
-    dev.native_after_streams(stream);
+    // The params were written on the compute stream (streamed mode) or the h2d stream.
+    dev.native_after_stream(stream, dev.compute_stream());
+    dev.native_after_stream(stream, dev.h2d_stream());
   });
 }
 

@@ -560,6 +560,11 @@ void prefetch_scheduler::flush() {
   s.flush_locked();
 }
 
+void prefetch_scheduler::restart() {
+  flush();
+  impl_->policy.forget_position();
+}
+
 void* prefetch_scheduler::resident_pointer(buffer_id id) const {
   const auto& s = *impl_;
   TIERFLOW_EXPECTS(

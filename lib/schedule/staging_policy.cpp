@@ -136,6 +136,10 @@ void staging_policy::drop_staged() {
 
 void staging_policy::restart_after_failure() {
   acquired_ = false;
+  forget_position();
+}
+
+void staging_policy::forget_position() {
   has_position_ = false;
   position_ = (position_ / steps_.size() + 1) * steps_.size();
 }

@@ -111,6 +111,8 @@ class staging_policy {
   /** After a failure: nothing acquired, and the next acquire starts the iteration after the
    *  position's, from whatever step it names. */
   void restart_after_failure();
+  // The next acquire may name any step (counted as the start of a new pass).
+  void forget_position();
 
  private:
   bool try_stage(std::uint64_t seq);

@@ -632,7 +632,7 @@ TEST_CASE("bad input: every C function refuses NULL and bad values with a status
   tf_adam_options_default(&options);
   options.mode = TF_ADAM_CPU;
   options.threads = 1;
-  tf_adam_param param{"w", d_param, d_grad, TF_DTYPE_F32, n, 0};
+  tf_adam_param param{"w", d_param, d_grad, TF_DTYPE_F32, n, 0, 0};
   tf_adam* adam = nullptr;
   const auto refused = [&](tf_adam_param given, const tf_adam_hyper* h, std::size_t count,
                            std::size_t groups, const tf_adam_options* opts, tf_status status,

@@ -274,20 +274,18 @@ class cuda_device final : public device {
     TIERFLOW_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, direction, s->handle()));
   }
 
-  void compute_after_native(void* native) override {
+  void stream_after_native(stream& on, void* native) override {
     current_device_guard guard(index_);
     cuda_event caller(index_);
     TIERFLOW_CUDA_TRY(cudaEventRecord(caller.handle(), static_cast<cudaStream_t>(native)));
-    compute_.wait(caller);  // the event may be destroyed once the wait is enqueued
+    on.wait(caller);  // the event may be destroyed once the wait is enqueued
   }
 
-  void native_after_streams(void* native) override {
+  void native_after_stream(void* native, stream& on) override {
     current_device_guard guard(index_);
-    for (auto* s : {&compute_, &h2d_, &d2h_}) {
-      cuda_event done(index_);
-      s->record(done);
-      TIERFLOW_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(native), done.handle(), 0));
-    }
+    cuda_event done(index_);
+    on.record(done);
+    TIERFLOW_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(native), done.handle(), 0));
   }
 
   void synchronize() override {
