@@ -18,8 +18,9 @@
 
 #include "bench/stream_kernels.hpp"
 #include "common/bench_util.hpp"
-#include "optim/adam_kernels.hpp"
 #include "tierflow/build_config.hpp"
+#include "tierflow/detail/adam_bound.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/numa_resource.hpp"
@@ -832,12 +833,7 @@ void run_adam(context& ctx, const numa_node& from, const numa_node& to, std::siz
       ++runs;
       return team.run([&](unsigned t) {
         const auto [begin, end] = part(n, t, threads);
-        for (std::size_t i = begin; i < end; ++i) {
-          const float gi = g[i];
-          m[i] = m[i] + gi;
-          v[i] = v[i] + gi * gi;  // v stays positive for the Adam case that follows
-          p[i] = p[i] - gi;
-        }
+        detail::adam_bound_pass(kernel, p + begin, m + begin, v + begin, g + begin, end - begin);
       });
     });
     float expect = m0;
