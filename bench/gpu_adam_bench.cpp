@@ -25,8 +25,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/bench_util.hpp"
-#include "optim/adam_internal.hpp"
-#include "optim/adam_kernels.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/device_adam.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"

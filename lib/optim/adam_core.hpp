@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "optim/adam_internal.hpp"
-#include "optim/adam_kernels.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"

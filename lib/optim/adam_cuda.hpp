@@ -2,7 +2,7 @@
 // Launchers of the CUDA Adam kernels (adam_cuda.cu). Plain types only: nvcc compiles this.
 #include <cstddef>
 
-#include "optim/adam_scalars.hpp"
+#include "tierflow/detail/adam_scalars.hpp"
 
 namespace tierflow::detail::cuda_adam {
 

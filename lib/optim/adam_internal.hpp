@@ -1,13 +1,14 @@
 #pragma once
-// What offload_adam's parts share: the state of groups and params, chunks, argument checks and
-// the device side of the streamed step.
+// What offload_adam's parts share: the state of groups and params, chunks and argument checks
+// (the device side of the streamed step is tierflow/detail/device_adam.hpp).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "optim/adam_kernels.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/device_adam.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"
@@ -50,28 +51,5 @@ void check_hyper(const adam_hyper& hyper, const std::string& where);
 
 /** A short measurement of host memory copy bandwidth (GB/s, read + write counted). */
 double measure_host_bandwidth_gbps();
-
-/** The device side of the streamed step: the grads' sums of squares and the update kernel,
- *  as CUDA kernels on a CUDA device and as their CPU twins (host callbacks) on the emulated
- *  one. Enqueues only; results are ready once the stream is synchronized. */
-class device_adam {
- public:
-  virtual ~device_adam() = default;
-  /** Σ g² of chunk @p chunk (in the fixed lane order on the CPU twin). */
-  virtual void sum_squares(stream& on, std::size_t chunk, const void* grad, param_dtype dtype,
-                           std::size_t n) = 0;
-  /** Waits for @p on and returns the sums of every chunk. */
-  virtual void collect(stream& on, std::vector<double>& sums) = 0;
-  /** Updates master/m/v (device pointers) and writes the params in @p dtype. */
-  virtual void update(stream& on, float* master, float* m, float* v, const void* grad, void* param,
-                      param_dtype dtype, std::size_t n, const adam_scalars& scalars) = 0;
-};
-
-/** The device_adam for @p dev with room for @p chunks sums.
- *  @throws device_error for a CUDA device in a build without CUDA kernels */
-std::unique_ptr<device_adam> make_device_adam(device& dev, adam_kernel kernel, std::size_t chunks);
-
-/** The CUDA kernels (adam_cuda.cu), or null when built without CUDA. */
-std::unique_ptr<device_adam> make_cuda_device_adam(device& dev, std::size_t chunks);
 
 }  // namespace tierflow::detail

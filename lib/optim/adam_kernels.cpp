@@ -1,6 +1,6 @@
 // Compiled with -ffp-contract=off (see CMakeLists.txt): a fused multiply-add would round once
 // where the reference rounds twice, and the kernels would stop matching it.
-#include "optim/adam_kernels.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 
 #include <cmath>
 #include <cstring>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "tierflow/detail/stats.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/metrics.hpp"
 
@@ -13,15 +14,6 @@ namespace {
 // Adaptive window thresholds: grow above this stall fraction, consider shrinking below the other.
 constexpr double grow_above = 0.02;
 constexpr double shrink_below = 0.005;
-
-double median(std::vector<double> v) {
-  if (v.empty()) {
-    return 0;
-  }
-  std::sort(v.begin(), v.end());
-  const auto mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
 
 }  // namespace
 

@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "core/crc32c.hpp"
-#include "optim/adam_kernels.hpp"
 #include "test_support.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"

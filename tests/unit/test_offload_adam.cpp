@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "adam_harness.hpp"
-#include "optim/adam_kernels.hpp"
 #include "test_support.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/topology.hpp"

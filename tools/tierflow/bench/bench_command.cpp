@@ -1,5 +1,5 @@
-// tierflow bench: every memory tier and link of this machine (cases in bench_run.cpp; JSON and
-// CSV columns in README.md, "tierflow bench").
+// tierflow bench: every memory tier and link of this machine (cases in cases_*.cpp, registered in
+// case_registry.cpp; JSON and CSV columns in README.md, "tierflow bench").
 
 #include <algorithm>
 #include <cstdio>

@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tierflow/detail/stats.hpp"
+
 namespace tierflow::bench {
 
 using clock_type = std::chrono::steady_clock;
@@ -47,27 +49,9 @@ inline std::size_t parse_count(const std::string& text, const std::string& flag)
   return static_cast<std::size_t>(value * scale);
 }
 
-/** Median, minimum and maximum of a set of samples. */
-struct summary {
-  double median = 0;
-  double min = 0;
-  double max = 0;
-  std::size_t samples = 0;
-};
-
-inline summary summarize(std::vector<double> values) {
-  summary s;
-  if (values.empty()) {
-    return s;
-  }
-  std::sort(values.begin(), values.end());
-  s.samples = values.size();
-  s.min = values.front();
-  s.max = values.back();
-  const auto mid = values.size() / 2;
-  s.median = values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-  return s;
-}
+/** Median, minimum and maximum of a set of samples (tierflow/detail/stats.hpp). */
+using summary = detail::sample_summary;
+using detail::summarize;
 
 /** A summary as JSON, its values multiplied by @p scale (e.g. 1e6 for seconds to us). */
 inline nlohmann::ordered_json summary_json(const summary& s, double scale = 1.0) {

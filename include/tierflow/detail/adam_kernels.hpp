@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "optim/adam_scalars.hpp"
+#include "tierflow/detail/adam_scalars.hpp"
 #include "tierflow/offload_adam.hpp"
 
 namespace tierflow::detail {
