@@ -22,11 +22,11 @@ action add_topo_command(CLI::App& app);
 action add_bench_command(CLI::App& app);
 
 /** `tierflow demo`: trains a model with its weights and Adam state offloaded
- *  (tools/tierflow/demo/demo_and_tune.cpp). */
+ *  (tools/tierflow/demo/demo_command.cpp). */
 action add_demo_command(CLI::App& app);
 
 /** `tierflow tune`: sweeps the window (× Adam chunk and mode on the demo's model) on the demo's
- *  model or a plan file, measured or predicted (tools/tierflow/demo/demo_and_tune.cpp). */
+ *  model or a plan file, measured or predicted (tools/tierflow/tune/tune_command.cpp). */
 action add_tune_command(CLI::App& app);
 
 }  // namespace tierflow::cli

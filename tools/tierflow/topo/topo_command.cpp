@@ -244,6 +244,76 @@ void print_table(const topology& topo) {
   }
 }
 
+// The discovery that the flags ask for (the config file's settings are read by the caller).
+discovery_options discovery_options_of(const topo_options& options, bool initiator_given) {
+  discovery_options discover;
+  if (!options.sysfs_root.empty()) {
+    discover.sysfs_root = options.sysfs_root;
+  }
+  if (!options.hwloc_xml.empty()) {
+    discover.hwloc_xml = options.hwloc_xml;
+  }
+  discover.use_hwloc = !options.no_hwloc;
+  discover.query_gpu_free_memory = true;
+  if (initiator_given) {
+    if (options.initiator < 0) {
+      throw input_error("--initiator", "expected a node number, 0 or more",
+                        std::to_string(options.initiator));
+    }
+    discover.initiator = numa_node_id{options.initiator};
+  }
+  if (!options.tiers.empty()) {
+    discover.tiers_override = options.tiers;
+  }
+  return discover;
+}
+
+// `tierflow topo`'s action; @p initiator_given: --initiator was on the command line.
+int run_topo(const topo_options& options, bool initiator_given) {
+  discovery_options discover = discovery_options_of(options, initiator_given);
+  const auto config =
+      options.config.empty() ? settings::from_environment() : settings::from_file(options.config);
+  discover.config = &config;
+
+  if (options.verify && (discover.hwloc_xml || discover.sysfs_root != "/")) {
+    throw input_error("--verify",
+                      "needs the live machine (not --hwloc-xml or --sysfs-root): it allocates");
+  }
+  const auto topo = topology::discover(discover);
+  const auto checks = options.verify ? verify_tiers(topo) : std::vector<tier_check>{};
+  const bool all_ok =
+      std::all_of(checks.begin(), checks.end(), [](const tier_check& c) { return c.ok(); });
+  if (options.json_output) {
+    auto doc = to_json(topo);
+    if (options.verify) {
+      doc["verify"] = json::array();
+      for (const auto& c : checks) {
+        doc["verify"].push_back(json{{"tier", c.tier},
+                                     {"bytes", c.bytes},
+                                     {"total_pages", c.total_pages},
+                                     {"pages_on_tier", c.pages_on_tier},
+                                     {"ok", c.ok()},
+                                     {"error", c.error.empty() ? json(nullptr) : json(c.error)}});
+      }
+    }
+    std::cout << doc.dump(2) << '\n';
+  } else {
+    print_table(topo);
+    if (options.verify) {
+      std::printf("\nVerify (16 MiB bound to each tier, pages located with move_pages)\n");
+      for (const auto& c : checks) {
+        if (!c.error.empty()) {
+          std::printf("  %-14s FAILED: %s\n", c.tier.c_str(), c.error.c_str());
+        } else {
+          std::printf("  %-14s %zu of %zu pages on the tier's nodes: %s\n", c.tier.c_str(),
+                      c.pages_on_tier, c.total_pages, c.ok() ? "ok" : "MISPLACED");
+        }
+      }
+    }
+  }
+  return all_ok ? exit_ok : exit_failure;
+}
+
 }  // namespace
 
 action add_topo_command(CLI::App& app) {
@@ -268,68 +338,7 @@ action add_topo_command(CLI::App& app) {
                 "Allocate 16 MiB bound to each NUMA tier and check where its pages land "
                 "(live machine only)");
 
-  return [options, initiator]() {
-    discovery_options discover;
-    if (!options->sysfs_root.empty()) {
-      discover.sysfs_root = options->sysfs_root;
-    }
-    if (!options->hwloc_xml.empty()) {
-      discover.hwloc_xml = options->hwloc_xml;
-    }
-    discover.use_hwloc = !options->no_hwloc;
-    discover.query_gpu_free_memory = true;
-    if (initiator->count() > 0) {
-      if (options->initiator < 0) {
-        throw input_error("--initiator", "expected a node number, 0 or more",
-                          std::to_string(options->initiator));
-      }
-      discover.initiator = numa_node_id{options->initiator};
-    }
-    if (!options->tiers.empty()) {
-      discover.tiers_override = options->tiers;
-    }
-    const auto config = options->config.empty() ? settings::from_environment()
-                                                : settings::from_file(options->config);
-    discover.config = &config;
-
-    if (options->verify && (discover.hwloc_xml || discover.sysfs_root != "/")) {
-      throw input_error("--verify",
-                        "needs the live machine (not --hwloc-xml or --sysfs-root): it allocates");
-    }
-    const auto topo = topology::discover(discover);
-    const auto checks = options->verify ? verify_tiers(topo) : std::vector<tier_check>{};
-    const bool all_ok =
-        std::all_of(checks.begin(), checks.end(), [](const tier_check& c) { return c.ok(); });
-    if (options->json_output) {
-      auto doc = to_json(topo);
-      if (options->verify) {
-        doc["verify"] = json::array();
-        for (const auto& c : checks) {
-          doc["verify"].push_back(json{{"tier", c.tier},
-                                       {"bytes", c.bytes},
-                                       {"total_pages", c.total_pages},
-                                       {"pages_on_tier", c.pages_on_tier},
-                                       {"ok", c.ok()},
-                                       {"error", c.error.empty() ? json(nullptr) : json(c.error)}});
-        }
-      }
-      std::cout << doc.dump(2) << '\n';
-    } else {
-      print_table(topo);
-      if (options->verify) {
-        std::printf("\nVerify (16 MiB bound to each tier, pages located with move_pages)\n");
-        for (const auto& c : checks) {
-          if (!c.error.empty()) {
-            std::printf("  %-14s FAILED: %s\n", c.tier.c_str(), c.error.c_str());
-          } else {
-            std::printf("  %-14s %zu of %zu pages on the tier's nodes: %s\n", c.tier.c_str(),
-                        c.pages_on_tier, c.total_pages, c.ok() ? "ok" : "MISPLACED");
-          }
-        }
-      }
-    }
-    return all_ok ? exit_ok : exit_failure;
-  };
+  return [options, initiator] { return run_topo(*options, initiator->count() > 0); };
 }
 
 }  // namespace tierflow::cli

@@ -1,0 +1,275 @@
+// `tierflow demo`: trains a stack of dense layers whose parameters live in a host tier (cold
+// parameters, as ZeRO-Infinity keeps them) and are streamed into HBM by the prefetch scheduler
+// for the forward and the backward pass, with offload_adam's state in the optimizer_state tier
+// (demo_train.hpp; the model in demo_model.hpp, its math in demo_compute.hpp: on the emulated
+// device host callbacks over its memory, on a CUDA device the kernels of demo_kernels.cu).
+//
+// --verify runs the same training a second time with every weight resident in HBM and an
+// Adam written out here over HBM-resident state (no offload at all), and compares the final
+// weights bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common/format.hpp"
+#include "demo/demo_options.hpp"
+#include "demo/demo_train.hpp"
+#include "demo/link_probe.hpp"
+#include "tierflow/error.hpp"
+#include "tierflow/placement_policy.hpp"
+#include "tierflow/topology.hpp"
+
+namespace tierflow::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace demo;
+
+// Bad flags, before anything runs.
+void check_demo_options(const demo_options& o) {
+  if (o.layers == 0 || o.width == 0 || o.batch == 0 || o.steps == 0) {
+    throw input_error("tierflow demo", "--layers, --width, --batch and --steps must be > 0");
+  }
+  if (o.samples < o.batch) {
+    throw input_error("--samples", "must be at least --batch", std::to_string(o.samples));
+  }
+  (void)checked_adam_mode(o.adam_mode);
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
+    throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
+  }
+  if (o.adam_chunk == 0) {
+    throw input_error("--adam-chunk", "must be > 0 (elements per chunk)", "0");
+  }
+  if (!std::isfinite(o.hbm_budget_mib) || o.hbm_budget_mib < 0) {
+    throw input_error("--hbm-budget", "must be finite and >= 0 (0: window + 2 layers)",
+                      std::to_string(o.hbm_budget_mib));
+  }
+  if (const double layer_mib = static_cast<double>(o.width * o.width * sizeof(float)) / 1048576.0;
+      o.hbm_budget_mib > 0 && o.hbm_budget_mib < layer_mib) {
+    throw input_error("--hbm-budget",
+                      "below one layer's weights (" + std::to_string(layer_mib) + " MiB)",
+                      std::to_string(o.hbm_budget_mib));
+  }
+}
+
+// Bad input the machine decides, before anything runs: the output folder, then the placement.
+topology check_demo_environment(const demo_options& o) {
+  std::error_code made;
+  std::filesystem::create_directories(o.out, made);
+  if (made || !std::filesystem::is_directory(o.out)) {
+    throw input_error("--out",
+                      "cannot create the folder" + (made ? ": " + made.message() : std::string()),
+                      o.out);
+  }
+  topology topo = topology::discover();
+  if (!o.placement.empty()) {
+    (void)placement_spec::parse(o.placement, "--placement", topo);
+  }
+  return topo;
+}
+
+void print_demo_header(const demo_options& o, const device& dev, const std::string& note) {
+  if (o.as_json) {
+    return;
+  }
+  if (!note.empty()) {
+    std::fprintf(stderr, "tierflow demo: %s\n", note.c_str());
+  }
+  std::fprintf(stderr,
+               "tierflow demo: %zu layers x %zu (%.1f MiB of weights), batch %zu, %zu steps, "
+               "window %llu, device %s\n",
+               o.layers, o.width, static_cast<double>(o.layers * o.width * o.width * 4) / 1048576.0,
+               o.batch, o.steps, static_cast<unsigned long long>(o.window),
+               dev.properties().name.c_str());
+}
+
+void write_run_files(const std::filesystem::path& dir, const run_result& run) {
+  json metrics = json::parse(run.sched_json);
+  metrics["adam"] = json::parse(run.adam->to_json())["adam"];
+  metrics["placement"] = json::parse(to_json(run.placement))["placement"];
+  write_text_file(dir / "metrics.json", metrics.dump(2) + "\n");
+  write_text_file(dir / "trace.json", run.trace);
+  write_text_file(dir / "metrics.prom", run.prometheus);
+}
+
+// The same training with everything resident in HBM and no offload, compared bit for bit.
+json verify_against_resident(const demo_options& o, device& dev, const topology& topo,
+                             const run_result& run) {
+  const run_result ref = train(o, dev, topo, true, true);
+  bool same = ref.final_weights.size() == run.final_weights.size();
+  double max_diff = 0;
+  for (std::size_t l = 0; same && l < run.final_weights.size(); ++l) {
+    const auto& a = ref.final_weights[l];
+    const auto& b = run.final_weights[l];
+    same = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    }
+  }
+  return {{"bit_identical", same}, {"max_abs_diff", max_diff}};
+}
+
+// The summary of `demo --json`: one object, keys as documented in README.md.
+json demo_json(const demo_options& o, const device& dev, const run_result& run,
+               const link_fits& probed, const json& verify, const std::filesystem::path& dir) {
+  const auto& s = run.sched;
+  json tiers = json::object();
+  for (const auto& [cls, per_tier] : run.placement.class_bytes) {
+    for (const auto& [tier, bytes] : per_tier) {
+      tiers[tier][std::string(to_string(cls))] = bytes;
+    }
+  }
+  json doc{{"loss_first", run.losses.front()},
+           {"loss_last", run.losses.back()},
+           {"steps", run.steps},
+           {"backend", dev.properties().backend},
+           {"adam_mode", to_string(run.adam->mode)},
+           {"adam_mode_reason", run.adam->mode_reason},
+           {"scheduler",
+            {{"step_time_s", s.step_time_s},
+             {"lower_bound_s", s.lower_bound_s},
+             {"overlap_efficiency", s.overlap_efficiency},
+             {"stall_fraction", s.stall_fraction},
+             {"window", s.window},
+             {"bytes_in", s.bytes_in},
+             {"hbm_staging_peak_bytes", s.hbm_staging_peak_bytes},
+             {"h2d_achieved_gbps", s.h2d.achieved_gbps()},
+             {"h2d_link_gbps", s.h2d_gbps}}},
+           {"link",
+            {{"h2d_achieved_gbps", s.h2d.achieved_gbps()},
+             {"h2d_benchmarked_gbps", probed.h2d.gbps},
+             {"d2h_benchmarked_gbps", probed.d2h.gbps},
+             {"h2d_latency_us", probed.h2d.latency_s * 1e6}}},
+           {"tiers", tiers},
+           {"state_pages", run.state_pages},
+           {"seconds", run.seconds},
+           {"files",
+            {{"metrics", (dir / "metrics.json").string()},
+             {"trace", (dir / "trace.json").string()},
+             {"prometheus", (dir / "metrics.prom").string()}}}};
+  if (o.verify) {
+    doc["verify"] = verify;
+  }
+  return doc;
+}
+
+// The summary as text: the loss, where the bytes lived, prefetch, link, Adam, verify, files.
+void print_demo_summary(const demo_options& o, const device& dev, const run_result& run,
+                        const link_fits& probed, const json& verify,
+                        const std::filesystem::path& dir) {
+  const auto& s = run.sched;
+  std::printf("\ntierflow demo: %zu steps in %.1f s; loss %.6f -> %.6f (%.1fx lower)\n", run.steps,
+              run.seconds, run.losses.front(), run.losses.back(),
+              run.losses.front() / run.losses.back());
+  std::printf("where the bytes lived:\n");
+  for (const auto& [cls, per_tier] : run.placement.class_bytes) {
+    for (const auto& [tier, bytes] : per_tier) {
+      std::printf("  %-16s %-10s %10.1f MiB\n", std::string(to_string(cls)).c_str(), tier.c_str(),
+                  static_cast<double>(bytes) / 1048576.0);
+    }
+  }
+  std::printf("  %-16s %-10s %10.1f MiB peak (budget %.1f MiB)\n", "staging", "hbm",
+              static_cast<double>(s.hbm_staging_peak_bytes) / 1048576.0,
+              static_cast<double>(s.hbm_budget_bytes) / 1048576.0);
+  std::printf(
+      "prefetch: window %llu, step %.2f ms vs lower bound %.2f ms (overlap efficiency "
+      "%.2f), stall %.1f %%\n",
+      static_cast<unsigned long long>(s.window), s.step_time_s * 1e3, s.lower_bound_s * 1e3,
+      s.overlap_efficiency, 100.0 * s.stall_fraction);
+  // Achieved: the weights' bytes over the whole run's time (compute included); benchmarked:
+  // the probe's 8 MiB copies on this device, alone.
+  std::printf(
+      "link: h2d achieved %.2f GB/s; benchmarked %.2f GB/s h2d, %.2f GB/s d2h (8 MiB "
+      "copies on this device, alone)",
+      s.h2d.achieved_gbps(), probed.h2d.gbps, probed.d2h.gbps);
+  if (dev.properties().backend == "emulated") {
+    std::printf("; the emulated link's cap %.2f GB/s\n", s.h2d_gbps);
+  } else {
+    std::printf("\n");
+  }
+  std::printf("adam: mode %s (%s), kernel %s, %.1f ms per step\n",
+              std::string(to_string(run.adam->mode)).c_str(), run.adam->mode_reason.c_str(),
+              std::string(to_string(run.adam->kernel)).c_str(),
+              1e3 * run.adam->step_seconds_total / static_cast<double>(run.steps));
+  if (o.verify) {
+    std::printf(
+        "verify: against the same run with everything resident in HBM and no "
+        "offload: %s (max abs diff %g)\n",
+        verify["bit_identical"].get<bool>() ? "bit-identical" : "DIFFERENT",
+        verify["max_abs_diff"].get<double>());
+  }
+  std::printf("files: %s, %s, %s\n", (dir / "metrics.json").c_str(), (dir / "trace.json").c_str(),
+              (dir / "metrics.prom").c_str());
+}
+
+int run_demo(const demo_options& o) {
+  check_demo_options(o);
+  const topology topo = check_demo_environment(o);
+  std::string note;
+  auto dev = open_demo_device(o, note);
+  print_demo_header(o, *dev, note);
+  const run_result run = train(o, *dev, topo, false, o.as_json);
+  // What the link does on this device with nothing else running, for "achieved vs
+  // benchmarked": the same probe as tune --with-model (copies of 64 KiB and 8 MiB).
+  const link_fits probed = probe_links(*dev);
+
+  const auto dir = std::filesystem::path(o.out);
+  write_run_files(dir, run);
+  const json verify = o.verify ? verify_against_resident(o, *dev, topo, run) : json();
+  if (o.as_json) {
+    std::printf("%s\n", demo_json(o, *dev, run, probed, verify, dir).dump().c_str());
+  } else {
+    print_demo_summary(o, *dev, run, probed, verify, dir);
+  }
+  if (o.verify && !verify["bit_identical"].get<bool>()) {
+    return exit_failure;
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+action add_demo_command(CLI::App& app) {
+  auto o = std::make_shared<demo::demo_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "demo", "Train a dense stack with its weights streamed from a host tier and Adam offloaded");
+  demo::add_model_shape_options(*cmd, *o);
+  cmd->add_option("--samples", o->samples, "Size of the fixed data set")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Training steps")->capture_default_str();
+  cmd->add_option("--window", o->window, "Prefetch window, in layers")->capture_default_str();
+  cmd->add_option("--hbm-budget", o->hbm_budget_mib,
+                  "HBM for staging weights, MiB (0: window + 2 layers)")
+      ->capture_default_str();
+  cmd->add_option("--adam-mode", o->adam_mode, "cpu, streamed or auto")->capture_default_str();
+  cmd->add_option("--placement", o->placement,
+                  "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)");
+  cmd->add_option("--emu-link", o->emu_link,
+                  "Emulated link, e.g. 'h2d=25GB/s,d2h=25GB/s,latency=10us' (else "
+                  "TIERFLOW_EMU_LINK)");
+  cmd->add_option("--device", o->device,
+                  "auto (CUDA device 0 when usable, else emulated), cuda, cuda:N or emulated")
+      ->capture_default_str();
+  cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
+  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the data and the initial weights")
+      ->capture_default_str();
+  cmd->add_option("--log-every", o->log_every, "Progress line every N steps (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--out", o->out, "Directory for metrics.json, trace.json, metrics.prom")
+      ->capture_default_str();
+  cmd->add_flag("--verify", o->verify,
+                "Also train with everything resident in HBM and no offload; compare bit for bit");
+  cmd->add_flag("--json", o->as_json, "Print one JSON object (last) instead of the summary");
+  return [o] { return run_demo(*o); };
+}
+
+}  // namespace tierflow::cli

@@ -1,0 +1,22 @@
+// The options `demo` and `tune` share (demo_options.hpp).
+#include "demo/demo_options.hpp"
+
+#include "tierflow/error.hpp"
+
+namespace tierflow::cli::demo {
+
+void add_model_shape_options(CLI::App& cmd, demo_options& o) {
+  cmd.add_option("--layers", o.layers, "Dense layers")->capture_default_str();
+  cmd.add_option("--width", o.width, "Units per layer")->capture_default_str();
+  cmd.add_option("--batch", o.batch, "Samples per step")->capture_default_str();
+}
+
+adam_mode checked_adam_mode(const std::string& text) {
+  const auto mode = parse_adam_mode(text);
+  if (!mode) {
+    throw input_error("--adam-mode", "expected cpu, streamed or auto", text);
+  }
+  return *mode;
+}
+
+}  // namespace tierflow::cli::demo
