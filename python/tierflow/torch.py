@@ -249,9 +249,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
 
     def _hyper(self, group: dict) -> _capi.AdamHyper:
         beta1, beta2 = group["betas"]
+        # torch >= 2.7 names the decay in the group (AdamW is Adam with it True)
+        decoupled = int(bool(group.get("decoupled_weight_decay", self._decoupled)))
         return _capi.AdamHyper(float(group["lr"]), float(beta1), float(beta2),
-                               float(group["eps"]), float(group["weight_decay"]),
-                               self._decoupled, 1)
+                               float(group["eps"]), float(group["weight_decay"]), decoupled, 1)
 
     def _create(self, device, entries, groups) -> ctypes.c_void_p:
         params = (_capi.AdamParam * len(entries))()
@@ -300,13 +301,17 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     def _grads(self):
         """This step's grad pointers (None: no grad), checked before anything changes."""
         grads = (ctypes.c_void_p * len(self._entries))()
-        flat = {id(p): (gi, index) for gi, index, p in self._flat()}
         any_grad = False
         for i, (_, p) in enumerate(self._entries):
             g = p.grad
             if g is None or not p.requires_grad:
                 continue
-            label = _label(p, flat[id(p)][1], flat[id(p)][0])
+            if (g.layout == torch.strided and g.dtype == p.dtype and g.shape == p.shape
+                    and g.device == p.device and g.is_contiguous()):
+                grads[i] = g.data_ptr()
+                any_grad = True
+                continue
+            label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
             if g.layout != torch.strided:
                 raise ValueError(f"{label}: sparse grads are not supported")
             if g.dtype != p.dtype:
@@ -314,10 +319,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             if g.shape != p.shape or g.device != p.device:
                 raise ValueError(f"{label}: the grad is {tuple(g.shape)} on {g.device}, the "
                                  f"param {tuple(p.shape)} on {p.device}")
-            if not g.is_contiguous():
-                raise ValueError(f"{label}: the grad is not contiguous")
-            grads[i] = g.data_ptr()
-            any_grad = True
+            raise ValueError(f"{label}: the grad is not contiguous")
         return grads, any_grad
 
     # --- torch.optim.Optimizer ----------------------------------------------------------
