@@ -1,0 +1,23 @@
+"""tierflow: tiered-memory offload for ML training, from Python.
+
+``tierflow.torch`` holds the PyTorch optimizers (``OffloadAdamW``, ``OffloadAdam``). This module
+loads ``libtierflow.so`` (see ``tierflow._capi``) and defines the exceptions every call raises;
+it does not import torch.
+"""
+from tierflow._capi import (
+    DeviceError,
+    InputError,
+    OutOfMemoryError,
+    TierflowError,
+    library_path,
+    library_version,
+)
+
+__all__ = [
+    "DeviceError",
+    "InputError",
+    "OutOfMemoryError",
+    "TierflowError",
+    "library_path",
+    "library_version",
+]

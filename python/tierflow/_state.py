@@ -1,0 +1,99 @@
+"""A param's Adam state between the C optimizer and torch's state_dict layout.
+
+torch.optim.Adam(W) keeps ``state[p] = {'step': tensor(float), 'exp_avg', 'exp_avg_sq'}``;
+tierflow keeps them in fp32 in its tiers, plus the fp32 master weights, which a state_dict
+carries as ``'master'`` for bf16/fp16 params only (an fp32 param is its own master).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tierflow import _capi
+
+
+@dataclass
+class ParamState:
+    """One param's state as flat fp32 CPU tensors; master None: the param is the master."""
+
+    step: int
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    master: Optional[torch.Tensor] = None
+
+    def to_torch(self, param: torch.Tensor) -> dict:
+        """torch's layout: shaped like the param, ``step`` a float32 scalar tensor."""
+        out = {
+            "step": torch.tensor(float(self.step)),
+            "exp_avg": self.exp_avg.view(param.shape),
+            "exp_avg_sq": self.exp_avg_sq.view(param.shape),
+        }
+        if self.master is not None:
+            out["master"] = self.master.view(param.shape)
+        return out
+
+
+def _address(tensor: Optional[torch.Tensor]):
+    return _capi.floats(tensor.data_ptr()) if tensor is not None else None
+
+
+def read(adam, index: int, param: torch.Tensor) -> ParamState:
+    """Param ``index``'s state from the C optimizer (the master only for bf16/fp16)."""
+    n = param.numel()
+    exp_avg = torch.empty(n, dtype=torch.float32)
+    exp_avg_sq = torch.empty(n, dtype=torch.float32)
+    master = torch.empty(n, dtype=torch.float32) if param.dtype != torch.float32 else None
+    step = ctypes.c_ulonglong(0)
+    _capi.call("tf_adam_get_state", adam, index, _address(master), _address(exp_avg),
+               _address(exp_avg_sq), n, ctypes.byref(step))
+    return ParamState(int(step.value), exp_avg, exp_avg_sq, master)
+
+
+def write(adam, index: int, param: torch.Tensor, state: Optional[ParamState]) -> None:
+    """Replaces param ``index``'s state; None: fresh (zero moments, step 0). The master is
+    written only when ``state`` has one, else re-read from the param."""
+    n = param.numel()
+    if state is None:
+        zeros = torch.zeros(n, dtype=torch.float32)
+        state = ParamState(0, zeros, zeros)
+    _capi.call("tf_adam_set_state", adam, index, _address(state.master), _address(state.exp_avg),
+               _address(state.exp_avg_sq), n, state.step)
+    if state.master is None:
+        _capi.call("tf_adam_refresh_master", adam, index)
+
+
+def _flat_f32(value, name: str, param: torch.Tensor, label: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{label}: state '{name}' is a {type(value).__name__}, not a tensor")
+    if value.numel() != param.numel():
+        raise ValueError(
+            f"{label}: state '{name}' has {value.numel()} elements, the param {param.numel()}"
+        )
+    flat = value.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError(f"{label}: state '{name}' holds a non-finite value")
+    return flat
+
+
+def from_torch(param: torch.Tensor, state: dict, label: str) -> ParamState:
+    """Checks and converts one ``state_dict()['state'][i]`` (torch's or ours), changing
+    nothing. @raises ValueError/TypeError naming the param."""
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        if key not in state:
+            raise ValueError(f"{label}: the loaded state has no '{key}'")
+    if "max_exp_avg_sq" in state:
+        raise ValueError(f"{label}: the loaded state is amsgrad's (max_exp_avg_sq)")
+    step = float(state["step"].item() if isinstance(state["step"], torch.Tensor) else state["step"])
+    if not step >= 0 or step != int(step):
+        raise ValueError(f"{label}: the loaded step {step} is not a count")
+    exp_avg = _flat_f32(state["exp_avg"], "exp_avg", param, label)
+    exp_avg_sq = _flat_f32(state["exp_avg_sq"], "exp_avg_sq", param, label)
+    if bool((exp_avg_sq < 0).any()):
+        raise ValueError(f"{label}: the loaded exp_avg_sq has a negative value")
+    master = None
+    if param.dtype != torch.float32 and state.get("master") is not None:
+        master = _flat_f32(state["master"], "master", param, label)
+    return ParamState(int(step), exp_avg, exp_avg_sq, master)

@@ -1,0 +1,477 @@
+"""torch.optim optimizers whose Adam state lives in tierflow's memory tiers.
+
+``OffloadAdamW`` and ``OffloadAdam`` behave as ``torch.optim.AdamW`` and ``torch.optim.Adam``
+(the same update, in fp32 without fused multiply-adds; see include/tierflow/offload_adam.hpp):
+swap the constructor and nothing else. The state (fp32 master weights, exp_avg, exp_avg_sq) is
+held by the C library, not in ``opt.state``; ``state_dict()`` gathers it in torch's layout.
+
+Params on CUDA run on that GPU's tierflow CUDA device, ordered with
+``torch.cuda.current_stream()``; params on CPU run on the emulated device, whose "device memory"
+is the tensors' own. The C optimizer is created at the first ``step()`` (or the first call that
+needs it) and again when the groups' membership changes, carrying the state over.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from collections import defaultdict
+from typing import Optional
+
+import torch
+
+from tierflow import _capi, _state
+
+__all__ = ["OffloadAdam", "OffloadAdamW"]
+
+_DTYPES = {
+    torch.float32: _capi.DTYPE_F32,
+    torch.bfloat16: _capi.DTYPE_BF16,
+    torch.float16: _capi.DTYPE_F16,
+}
+# Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
+_UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
+
+_devices: dict = {}
+_devices_lock = threading.Lock()
+
+
+def _device_handle(device: torch.device) -> ctypes.c_void_p:
+    """The process's tf_device for a torch device (opened once, kept for the process)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        spec = f"cuda:{index}"
+    else:
+        spec = "emulated"
+    with _devices_lock:
+        handle = _devices.get(spec)
+        if handle is None:
+            handle = ctypes.c_void_p()
+            _capi.call("tf_device_open", spec.encode(), ctypes.byref(handle))
+            _devices[spec] = handle
+    return handle
+
+
+def _stream(device: torch.device) -> Optional[int]:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+
+
+def _label(param, index: int, group: int) -> str:
+    shape = tuple(param.shape) if isinstance(param, torch.Tensor) else "?"
+    dtype = str(param.dtype).replace("torch.", "") if isinstance(param, torch.Tensor) else "?"
+    return f"param {index} (group {group}, shape {shape}, {dtype})"
+
+
+def _check_param(param, label: str) -> None:
+    """Refuses a param the step cannot run, naming it. @raises TypeError, ValueError"""
+    if not isinstance(param, torch.Tensor):
+        raise TypeError(f"{label}: optimizer can only optimize Tensors, not "
+                        f"{type(param).__name__}")
+    if param.layout != torch.strided:
+        raise ValueError(f"{label}: sparse params are not supported ({param.layout})")
+    if param.is_complex():
+        raise TypeError(f"{label}: complex params are not supported (use torch.view_as_real)")
+    if param.dtype not in _DTYPES:
+        raise TypeError(f"{label}: dtype {param.dtype} is not supported "
+                        "(float32, bfloat16 or float16)")
+    if not param.is_contiguous():
+        raise ValueError(f"{label}: the param is not contiguous")
+    if param.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{label}: params on {param.device} are not supported (cpu or cuda)")
+
+
+def _check_group(group: dict, index: int) -> None:
+    """Refuses hyper-parameters or flags the step cannot run. @raises ValueError"""
+    where = f"group {index}"
+    for flag in _UNSUPPORTED:
+        if group.get(flag):
+            raise ValueError(f"{where}: {flag}={group[flag]!r} is not supported by tierflow")
+    lr = float(group["lr"])
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"{where}: invalid learning rate {lr} (finite and >= 0)")
+    betas = group["betas"]
+    if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
+        raise ValueError(f"{where}: invalid betas {tuple(betas)} (each in [0, 1))")
+    eps = float(group["eps"])
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"{where}: invalid eps {eps} (tierflow needs a finite eps > 0)")
+    weight_decay = float(group["weight_decay"])
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"{where}: invalid weight_decay {weight_decay} (finite and >= 0)")
+
+
+def _torch_defaults(torch_class, **hyper) -> dict:
+    """The defaults torch's own optimizer puts in each param group, in this torch version."""
+    probe = torch_class([torch.zeros(1, requires_grad=True)], **hyper)
+    return dict(probe.defaults)
+
+
+class _OffloadAdamBase(torch.optim.Optimizer):
+    _torch_class = None  # torch.optim.AdamW or torch.optim.Adam
+    _decoupled = 1
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, max_grad_norm=None, mode="auto",
+                 placement=None, chunk_elements=None, threads=None):
+        hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        flags = {"amsgrad": amsgrad, "maximize": maximize, "capturable": capturable,
+                 "differentiable": differentiable, "fused": fused}
+        _check_group({**hyper, **flags}, 0)
+        self._options = self._make_options(max_grad_norm, mode, placement, chunk_elements,
+                                           threads)
+        self._init_runtime()
+        defaults = _torch_defaults(self._torch_class, **hyper)
+        if "foreach" in defaults:
+            defaults["foreach"] = foreach
+        super().__init__(params, defaults)
+
+    # --- construction -------------------------------------------------------------------
+    @staticmethod
+    def _make_options(max_grad_norm, mode, placement, chunk_elements, threads):
+        if mode not in _capi.ADAM_MODES:
+            raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
+        if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be finite and > 0 (or None), not {max_grad_norm}")
+        for name, value in (("chunk_elements", chunk_elements), ("threads", threads)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int (or None), not {value!r}")
+        if placement is not None and not isinstance(placement, str):
+            raise TypeError(f"placement must be a spec string, not {type(placement).__name__}")
+        return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
+                "chunk_elements": chunk_elements, "threads": threads}
+
+    def _init_runtime(self) -> None:
+        self._adam = None  # tf_adam*, created by _ensure_built
+        self._device = None  # the torch.device of every param
+        self._layout_key = None
+        self._entries = []  # (C group, param) in the C optimizer's order
+        self._groups = []  # C group -> index in param_groups (groups with elements)
+        self._versions = []  # each param's _version after our last write or read
+        self._hypers = {}  # C group -> the hyper tuple last pushed
+        self.last_grad_norm = None
+        self.last_step_applied = None
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        if "_options" in state:
+            self._init_runtime()
+
+    def __getstate__(self):
+        out = super().__getstate__()
+        out["_options"] = self._options
+        return out
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's add_param_group, refusing first what the step cannot run (naming it)."""
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections,"
+                            " not a set")
+        group["params"] = params = list(params)
+        gi = len(self.param_groups)
+        for name, default in self.defaults.items():
+            group.setdefault(name, default)
+        _check_group(group, gi)
+        seen = {id(p): (g, i) for g, i, p in self._flat()}
+        first = next(self._flat(), None)
+        device = first[2].device if first else None
+        base = len(seen)
+        for j, p in enumerate(params):
+            label = _label(p, base + j, gi)
+            if isinstance(p, torch.Tensor) and device is not None and p.device != device:
+                raise ValueError(f"{label} is on {p.device}, the others on {device}: an "
+                                 "optimizer's params must share one device")
+            _check_param(p, label)
+            if id(p) in seen:
+                g, i = seen[id(p)]
+                raise ValueError(f"{label} is already param {i} of group {g}: a tensor may be in"
+                                 " one group once")
+            seen[id(p)] = (gi, base + j)
+            device = device or p.device
+        super().add_param_group(group)
+
+    def _flat(self):
+        """(group, flat index, param) over every group, in state_dict order."""
+        index = 0
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                yield gi, index, p
+                index += 1
+
+    # --- the C optimizer ----------------------------------------------------------------
+    def _check_all(self) -> torch.device:
+        """Checks every group and param as they are now. @returns their device"""
+        device = None
+        for gi, group in enumerate(self.param_groups):
+            _check_group(group, gi)
+        for gi, index, p in self._flat():
+            label = _label(p, index, gi)
+            _check_param(p, label)
+            device = device or p.device
+            if p.device != device:
+                raise ValueError(f"{label} is on {p.device}, the others on {device}: an "
+                                 "optimizer's params must share one device")
+        return device
+
+    def _ensure_built(self) -> None:
+        """Creates the C optimizer, or re-creates it when the params changed (membership,
+        storage or dtype), carrying every param's state over."""
+        key = tuple((gi, id(p), p.data_ptr(), p.dtype) for gi, _, p in self._flat())
+        if self._adam is not None and key == self._layout_key:
+            return
+        device = self._check_all()
+        carried = {}
+        if self._adam is not None:
+            carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
+                       enumerate(self._entries)}
+        groups = [gi for gi, g in enumerate(self.param_groups)
+                  if any(p.numel() > 0 for p in g["params"])]
+        if not groups:
+            raise ValueError("the optimizer has no param with elements")
+        c_group = {gi: ci for ci, gi in enumerate(groups)}
+        entries = [(c_group[gi], p) for gi, _, p in self._flat() if p.numel() > 0]
+        adam = self._create(device, entries, groups)
+        self.close()
+        self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
+        self._hypers = {}
+        for i, (_, p) in enumerate(entries):
+            if id(p) in carried:
+                state = carried[id(p)]
+                if state.step > 0:
+                    _state.write(adam, i, p, state)
+        self._layout_key = key
+        self._record_versions()
+
+    def _hyper(self, group: dict) -> _capi.AdamHyper:
+        beta1, beta2 = group["betas"]
+        # torch >= 2.7 names the decay in the group (AdamW is Adam with it True)
+        decoupled = int(bool(group.get("decoupled_weight_decay", self._decoupled)))
+        return _capi.AdamHyper(float(group["lr"]), float(beta1), float(beta2),
+                               float(group["eps"]), float(group["weight_decay"]), decoupled, 1)
+
+    def _create(self, device, entries, groups) -> ctypes.c_void_p:
+        params = (_capi.AdamParam * len(entries))()
+        names = []
+        for i, (ci, p) in enumerate(entries):
+            names.append(f"param {i}".encode())
+            # tf_adam_create wants a grad pointer, never read: step_on gives each step's grads
+            # (NULL for a param without one), so the param's own stands in.
+            params[i] = _capi.AdamParam(names[-1], p.data_ptr(), p.data_ptr(), _DTYPES[p.dtype],
+                                        p.numel(), ci, 0)
+        hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
+                                                     for gi in groups])
+        options = _capi.AdamOptions()
+        _capi.lib.tf_adam_options_default(ctypes.byref(options))
+        o = self._options
+        options.mode = _capi.ADAM_MODES[o["mode"]]
+        options.chunk_elements = o["chunk_elements"] or 0
+        options.threads = o["threads"] or 0
+        options.max_grad_norm = o["max_grad_norm"] or 0.0
+        placement = o["placement"].encode() if o["placement"] is not None else None
+        options.placement = placement
+        adam = ctypes.c_void_p()
+        _capi.call("tf_adam_create", _device_handle(device), params, len(entries), hypers,
+                   len(groups), ctypes.byref(options), ctypes.byref(adam))
+        return adam
+
+    def _push_hypers(self) -> None:
+        for ci, gi in enumerate(self._groups):
+            hyper = self._hyper(self.param_groups[gi])
+            values = tuple(getattr(hyper, f) for f, _ in hyper._fields_)
+            if self._hypers.get(ci) != values:
+                _capi.call("tf_adam_set_hyper", self._adam, ci, ctypes.byref(hyper))
+                self._hypers[ci] = values
+
+    def _record_versions(self) -> None:
+        self._versions = [getattr(p, "_version", None) for _, p in self._entries]
+
+    def _refresh_changed(self) -> None:
+        """Re-reads the masters of params changed outside the optimizer (an in-place write
+        bumps the tensor's version: model.load_state_dict, a manual edit)."""
+        for i, (_, p) in enumerate(self._entries):
+            if getattr(p, "_version", None) != self._versions[i]:
+                _capi.call("tf_adam_refresh_master", self._adam, i)
+        self._record_versions()
+
+    def _grads(self):
+        """This step's grad pointers (None: no grad), checked before anything changes."""
+        grads = (ctypes.c_void_p * len(self._entries))()
+        any_grad = False
+        for i, (_, p) in enumerate(self._entries):
+            g = p.grad
+            if g is None or not p.requires_grad:
+                continue
+            if (g.layout == torch.strided and g.dtype == p.dtype and g.shape == p.shape
+                    and g.device == p.device and g.is_contiguous()):
+                grads[i] = g.data_ptr()
+                any_grad = True
+                continue
+            label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+            if g.layout != torch.strided:
+                raise ValueError(f"{label}: sparse grads are not supported")
+            if g.dtype != p.dtype:
+                raise TypeError(f"{label}: the grad is {g.dtype}, the param {p.dtype}")
+            if g.shape != p.shape or g.device != p.device:
+                raise ValueError(f"{label}: the grad is {tuple(g.shape)} on {g.device}, the "
+                                 f"param {tuple(p.shape)} on {p.device}")
+            raise ValueError(f"{label}: the grad is not contiguous")
+        return grads, any_grad
+
+    # --- torch.optim.Optimizer ----------------------------------------------------------
+    def step(self, closure=None):
+        """One Adam step over every param with a grad; returns the closure's loss.
+
+        ``last_grad_norm`` gets the global norm of the grads, ``last_step_applied`` False when
+        a non-finite grad skipped the step (nothing changed then)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._ensure_built()
+        for gi, group in enumerate(self.param_groups):
+            _check_group(group, gi)
+        grads, any_grad = self._grads()
+        if not any_grad:
+            return loss
+        self._push_hypers()
+        self._refresh_changed()
+        applied = ctypes.c_int(0)
+        norm = ctypes.c_double(0.0)
+        try:
+            _capi.call("tf_adam_step_on", self._adam, grads, len(self._entries),
+                       _stream(self._device), ctypes.byref(applied), ctypes.byref(norm))
+        finally:
+            self.last_step_applied = applied.value == 1
+        self.last_grad_norm = norm.value
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
+        ``master`` for bf16/fp16 params; params never stepped have no entry."""
+        exported = defaultdict(dict)
+        if self._adam is not None:
+            self._ensure_built()
+            for i, (_, p) in enumerate(self._entries):
+                state = _state.read(self._adam, i, p)
+                if state.step > 0:
+                    exported[p] = state.to_torch(p)
+        kept, self.state = self.state, exported
+        try:
+            return super().state_dict()
+        finally:
+            self.state = kept
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a state_dict of this class or of torch.optim.AdamW/Adam, checking all of it
+        before changing anything. Params without an entry start fresh; masters not in it are
+        read from the params (an fp32 param is always its own master)."""
+        groups = self.param_groups
+        saved = state_dict["param_groups"]
+        if len(groups) != len(saved):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        id_map = {}
+        new_groups = []
+        for gi, (group, saved_group) in enumerate(zip(groups, saved)):
+            if len(group["params"]) != len(saved_group["params"]):
+                raise ValueError(f"loaded state dict's group {gi} has "
+                                 f"{len(saved_group['params'])} params, the optimizer's "
+                                 f"{len(group['params'])}")
+            id_map.update(zip(saved_group["params"], group["params"]))
+            new_group = {k: v for k, v in saved_group.items() if k != "params"}
+            for name, default in self.defaults.items():
+                new_group.setdefault(name, default)
+            new_group["params"] = group["params"]
+            _check_group(new_group, gi)
+            new_groups.append(new_group)
+        where = {id(p): (gi, index) for gi, index, p in self._flat()}
+        loaded = {}
+        for key, value in state_dict["state"].items():
+            p = id_map.get(key)
+            if p is not None and p.numel() > 0:
+                loaded[id(p)] = _state.from_torch(p, value, _label(p, where[id(p)][1],
+                                                                   where[id(p)][0]))
+        self.param_groups = new_groups
+        self._ensure_built()
+        for i, (_, p) in enumerate(self._entries):
+            _state.write(self._adam, i, p, loaded.get(id(p)))
+        self._record_versions()
+
+    # --- tierflow's own -----------------------------------------------------------------
+    def save(self, path) -> None:
+        """Writes the state to tierflow's CRC-checked file (atomically)."""
+        self._ensure_built()
+        self._push_hypers()
+        _capi.call("tf_adam_save", self._adam, os.fsencode(path))
+
+    def load(self, path) -> None:
+        """Reads a file written by save() for the same params; a corrupted or mismatched file
+        raises tierflow.InputError with the state untouched. The hyper-parameters stay those
+        of param_groups (restore an lr scheduler's own state_dict beside it)."""
+        self._ensure_built()
+        _capi.call("tf_adam_load", self._adam, os.fsencode(path))
+        self._record_versions()
+
+    def metrics(self) -> dict:
+        """The C optimizer's metrics: ``{"schema_version": 1, "adam": {...}}``."""
+        self._ensure_built()
+        return _capi.json_call("tf_adam_metrics_json", self._adam)
+
+    def where(self) -> dict:
+        """Which NUMA nodes (and tiers) hold the state's pages."""
+        self._ensure_built()
+        return _capi.json_call("tf_adam_where_json", self._adam)
+
+    @property
+    def mode(self) -> str:
+        """The mode in force: ``cpu`` or ``streamed``."""
+        return self.metrics()["adam"]["mode"]
+
+    @property
+    def mode_reason(self) -> str:
+        """Why that mode was chosen."""
+        return self.metrics()["adam"]["mode_reason"]
+
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        return self._options["max_grad_norm"]
+
+    def close(self) -> None:
+        """Frees the C optimizer (the next call that needs it makes a fresh one)."""
+        adam, self._adam = getattr(self, "_adam", None), None
+        if adam is not None and _capi is not None:
+            _capi.lib.tf_adam_destroy(adam)
+
+    def __del__(self):
+        self.close()
+
+
+class OffloadAdamW(_OffloadAdamBase):
+    """torch.optim.AdamW with its state offloaded by tierflow.
+
+    Args beyond torch's: ``max_grad_norm`` (global grad-norm clipping in the step; the norm in
+    ``last_grad_norm``), ``mode`` (``"auto"``, ``"cpu"`` or ``"streamed"``), ``placement`` (a
+    spec as TIERFLOW_PLACEMENT takes), ``chunk_elements`` and ``threads``.
+    """
+
+    _torch_class = torch.optim.AdamW
+    _decoupled = 1
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, **kwargs):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+
+
+class OffloadAdam(_OffloadAdamBase):
+    """torch.optim.Adam (L2 weight decay) with its state offloaded by tierflow; arguments as
+    OffloadAdamW's."""
+
+    _torch_class = torch.optim.Adam
+    _decoupled = 0
