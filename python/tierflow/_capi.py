@@ -125,6 +125,29 @@ class AdamOptions(Structure):
     ]
 
 
+class SchedBuffer(Structure):
+    _fields_ = [("name", c_char_p), ("bytes", c_size_t), ("data", c_void_p)]
+
+
+class SchedStep(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("buffers", POINTER(c_size_t)),
+        ("count", c_size_t),
+        ("writes", c_int),
+    ]
+
+
+class SchedOptions(Structure):
+    _fields_ = [
+        ("hbm_budget_bytes", c_ulonglong),
+        ("window", c_ulonglong),
+        ("adaptive", c_int),
+        ("trace", c_int),
+        ("placement", c_char_p),
+    ]
+
+
 _STATUS = c_int
 _DEVICE = c_void_p  # tf_device*
 _ADAM = c_void_p  # tf_adam*
@@ -171,6 +194,23 @@ _PROTOTYPES = {
     ),
     "tf_adam_refresh_master": (_STATUS, [_ADAM, c_size_t]),
     "tf_adam_where_json": (_STATUS, [_ADAM, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_sched_options_default": (None, [POINTER(SchedOptions)]),
+    "tf_scheduler_create": (
+        _STATUS,
+        [_DEVICE, POINTER(SchedBuffer), c_size_t, POINTER(SchedStep), c_size_t,
+         POINTER(SchedOptions), POINTER(c_void_p)],
+    ),
+    "tf_scheduler_destroy": (None, [c_void_p]),
+    "tf_scheduler_host_pointer": (_STATUS, [c_void_p, c_size_t, POINTER(c_void_p)]),
+    "tf_scheduler_acquire": (
+        _STATUS, [c_void_p, c_size_t, c_void_p, POINTER(c_void_p), c_size_t]),
+    "tf_scheduler_release": (_STATUS, [c_void_p, c_size_t, c_int, c_void_p]),
+    "tf_scheduler_flush": (_STATUS, [c_void_p]),
+    "tf_scheduler_restart": (_STATUS, [c_void_p]),
+    "tf_scheduler_metrics_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_scheduler_trace_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
 }
 
 
@@ -261,8 +301,9 @@ def call(name: str, *args) -> None:
     check(getattr(lib, name)(*args), name)
 
 
-def json_call(name: str, handle) -> dict:
-    """Calls a ``tf_*_json(handle, buffer, capacity, needed)`` function and parses its JSON."""
+def json_call(name: str, handle, parse: bool = True):
+    """Calls a ``tf_*_json(handle, buffer, capacity, needed)`` function and parses its JSON
+    (``parse`` False: returns the text)."""
     fn = getattr(lib, name)
     needed = c_size_t(0)
     capacity = 4096
@@ -273,7 +314,8 @@ def json_call(name: str, handle) -> dict:
             capacity = needed.value
             continue
         check(status, name)
-        return json.loads(buffer.value.decode())
+        text = buffer.value.decode()
+        return json.loads(text) if parse else text
     raise InternalError(f"{name}: the JSON kept growing", ERR_INTERNAL, name)
 
 

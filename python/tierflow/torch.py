@@ -23,7 +23,7 @@ import torch
 
 from tierflow import _capi, _state
 
-__all__ = ["OffloadAdam", "OffloadAdamW"]
+__all__ = ["OffloadAdam", "OffloadAdamW", "OffloadedParameters", "offload_parameters"]
 
 _DTYPES = {
     torch.float32: _capi.DTYPE_F32,
@@ -75,10 +75,17 @@ def _check_param(param, label: str) -> None:
     if param.dtype not in _DTYPES:
         raise TypeError(f"{label}: dtype {param.dtype} is not supported "
                         "(float32, bfloat16 or float16)")
-    if not param.is_contiguous():
+    if not param.is_contiguous() and not hasattr(param, "_tierflow_home"):
         raise ValueError(f"{label}: the param is not contiguous")
     if param.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{label}: params on {param.device} are not supported (cpu or cuda)")
+
+
+def _home(param) -> tuple:
+    """(address, on host) of the memory the step updates: a weight offload_parameters moved
+    into a tier is updated in its tier copy (host memory); any other param in place."""
+    home = getattr(param, "_tierflow_home", None)
+    return (home, 1) if home is not None else (param.data_ptr(), 0)
 
 
 def _check_group(group: dict, index: int) -> None:
@@ -221,7 +228,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     def _ensure_built(self) -> None:
         """Creates the C optimizer, or re-creates it when the params changed (membership,
         storage or dtype), carrying every param's state over."""
-        key = tuple((gi, id(p), p.data_ptr(), p.dtype) for gi, _, p in self._flat())
+        key = tuple((gi, id(p), _home(p), p.dtype) for gi, _, p in self._flat())
         if self._adam is not None and key == self._layout_key:
             return
         device = self._check_all()
@@ -261,14 +268,22 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             names.append(f"param {i}".encode())
             # tf_adam_create wants a grad pointer, never read: step_on gives each step's grads
             # (NULL for a param without one), so the param's own stands in.
-            params[i] = _capi.AdamParam(names[-1], p.data_ptr(), p.data_ptr(), _DTYPES[p.dtype],
-                                        p.numel(), ci, 0)
+            address, on_host = _home(p)
+            params[i] = _capi.AdamParam(names[-1], address, address, _DTYPES[p.dtype],
+                                        p.numel(), ci, on_host)
         hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
                                                      for gi in groups])
         options = _capi.AdamOptions()
         _capi.lib.tf_adam_options_default(ctypes.byref(options))
         o = self._options
         options.mode = _capi.ADAM_MODES[o["mode"]]
+        if any(_home(p)[1] for _, p in entries):
+            # Weights in a tier are updated there, by the cpu step.
+            if o["mode"] == "streamed":
+                raise ValueError("mode='streamed' cannot update weights that offload_parameters "
+                                 "moved into a tier (the cpu step updates them in place); use "
+                                 "mode='cpu' or 'auto'")
+            options.mode = _capi.ADAM_CPU
         options.chunk_elements = o["chunk_elements"] or 0
         options.threads = o["threads"] or 0
         options.max_grad_norm = o["max_grad_norm"] or 0.0
@@ -294,6 +309,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """Re-reads the masters of params changed outside the optimizer (an in-place write
         bumps the tensor's version: model.load_state_dict, a manual edit)."""
         for i, (_, p) in enumerate(self._entries):
+            if _home(p)[1]:
+                continue  # a weight in a tier changes only by the step
             if getattr(p, "_version", None) != self._versions[i]:
                 _capi.call("tf_adam_refresh_master", self._adam, i)
         self._record_versions()
@@ -475,3 +492,6 @@ class OffloadAdam(_OffloadAdamBase):
 
     _torch_class = torch.optim.Adam
     _decoupled = 0
+
+
+from tierflow._params import OffloadedParameters, offload_parameters  # noqa: E402

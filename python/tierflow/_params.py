@@ -1,0 +1,341 @@
+"""Cold parameters: a model's weights live in a host tier and stream into HBM block by block.
+
+``offload_parameters(model)`` moves the weights of each block (by default each child of the
+model's largest ``nn.ModuleList``) into tier memory that tierflow's prefetch scheduler owns,
+and builds a plan of 2 × blocks steps: the forward pass over the blocks in order, then the
+backward pass over them in reverse. While block i runs forward, its params' ``.data`` are
+views of its HBM staging slots, filled ``window`` steps ahead; afterwards they are 1-element
+placeholders expanded to the param's shape (so shapes, dtypes and ``requires_grad`` stay as
+they were, and autograd accumulates grads as usual). What a block's forward saves for backward
+that is one of its weights is saved as a token (``torch.autograd.graph.saved_tensors_hooks``)
+and re-staged when the backward pass reaches the block, so the staging never holds more than
+the budget. At the end of a backward pass (and after a forward pass without grad) the
+scheduler restarts: the tier copies are then current, and ``OffloadAdamW`` updates them in
+place (cpu mode, ``param_on_host``), so a step moves each weight over the link once per pass.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from tierflow import _capi
+
+__all__ = ["OffloadedParameters", "offload_parameters"]
+
+_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _CudaBytes:
+    """``bytes`` bytes of device memory at ``address``, as torch.as_tensor takes them."""
+
+    def __init__(self, address: int, nbytes: int):
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 2,
+            "strides": None,
+        }
+
+
+def _bytes_at(address: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over memory tierflow owns (no copy)."""
+    if device.type == "cuda":
+        return torch.as_tensor(_CudaBytes(address, nbytes), device=device)
+    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+
+
+def _view(address: int, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor shaped and typed like ``like`` over ``address``."""
+    nbytes = like.numel() * like.element_size()
+    return _bytes_at(address, nbytes, device).view(like.dtype).view(like.shape)
+
+
+def _host_view(address: int, like: torch.Tensor) -> torch.Tensor:
+    return _view(address, like, torch.device("cpu"))
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return storage.data_ptr()
+
+
+def _default_blocks(model: nn.Module) -> list:
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if lists:
+        return list(max(lists, key=len))
+    return [m for m in model.modules()
+            if not list(m.children()) and any(True for _ in m.parameters(recurse=False))]
+
+
+class _Saved:
+    """A weight a block's forward saved for backward: which one, and the view of it saved."""
+
+    __slots__ = ("block", "index", "offset", "size", "stride")
+
+    def __init__(self, block, index, t):
+        self.block, self.index = block, index
+        self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
+
+
+class OffloadedParameters:
+    """The handle ``offload_parameters`` returns (a context manager: leaving it removes)."""
+
+    def __init__(self, model: nn.Module, blocks, window: int, hbm_budget: Optional[int],
+                 placement: Optional[str], trace: bool):
+        from tierflow.torch import _device_handle  # one tf_device per torch device
+
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"window must be an int >= 0, not {window!r}")
+        if hbm_budget is not None and (isinstance(hbm_budget, bool)
+                                       or not isinstance(hbm_budget, int) or hbm_budget <= 0):
+            raise ValueError(f"hbm_budget must be a byte count > 0, not {hbm_budget!r}")
+        self._model = model
+        self._blocks = self._collect(model, blocks)
+        self._device = self._blocks[0][1][0].device
+        self._stream = None
+        self._sched = ctypes.c_void_p()
+        self._build(_device_handle(self._device), window, hbm_budget, placement, trace)
+        self._move_in()
+        self._acquired = None  # (step, block) held now
+        self._next = None  # the step the scheduler expects next (None: any)
+        self._staged = {}  # block -> its params' staged views
+        self._callback_queued = False
+        self._wrap_forwards()
+
+    # --- set-up ---------------------------------------------------------------------------
+    @staticmethod
+    def _collect(model, blocks):
+        chosen = _default_blocks(model) if blocks is None else list(blocks)
+        seen = {}
+        out = []
+        for i, block in enumerate(chosen):
+            if not isinstance(block, nn.Module):
+                raise TypeError(f"blocks[{i}] is a {type(block).__name__}, not an nn.Module")
+            params = [p for p in block.parameters() if p.numel() > 0]
+            for p in params:
+                if id(p) in seen:
+                    raise ValueError(f"blocks[{i}] and blocks[{seen[id(p)]}] share a param of "
+                                     f"shape {tuple(p.shape)}: a weight lives in one block")
+                if p.dtype not in _SUPPORTED:
+                    raise TypeError(f"blocks[{i}]: a param is {p.dtype} (float32, bfloat16 or "
+                                    "float16)")
+                if not p.is_contiguous():
+                    raise ValueError(f"blocks[{i}]: a param of shape {tuple(p.shape)} is not "
+                                     "contiguous")
+                if hasattr(p, "_tierflow_home"):
+                    raise ValueError(f"blocks[{i}]: a param is offloaded already")
+                seen[id(p)] = i
+            if params:
+                out.append((block, params))
+        if not out:
+            raise ValueError("offload_parameters: the blocks hold no params")
+        devices = {p.device for _, ps in out for p in ps}
+        if len(devices) != 1:
+            raise ValueError(f"offload_parameters: params on {sorted(map(str, devices))}: "
+                             "the offloaded params must share one device")
+        return out
+
+    def _build(self, device_handle, window, hbm_budget, placement, trace):
+        buffers, steps, self._buffer_of = [], [], []
+        self._names = []
+        for b, (_, params) in enumerate(self._blocks):
+            ids = []
+            for j, p in enumerate(params):
+                self._names.append(f"block{b}.p{j}".encode())
+                ids.append(len(buffers))
+                buffers.append(_capi.SchedBuffer(self._names[-1], p.numel() * p.element_size(),
+                                                 None))
+            self._buffer_of.append(ids)
+        n = len(self._blocks)
+        order = list(range(n)) + list(reversed(range(n)))
+        self._uses = [(ctypes.c_size_t * len(self._buffer_of[b]))(*self._buffer_of[b])
+                      for b in order]
+        self._step_names = [f"{'fwd' if k < n else 'bwd'}{b}".encode()
+                            for k, b in enumerate(order)]
+        steps = (_capi.SchedStep * len(order))(*[
+            _capi.SchedStep(self._step_names[k], self._uses[k], len(self._buffer_of[b]), 0)
+            for k, b in enumerate(order)])
+        options = _capi.SchedOptions()
+        _capi.lib.tf_sched_options_default(ctypes.byref(options))
+        options.window = window
+        options.hbm_budget_bytes = hbm_budget or 0
+        options.trace = int(bool(trace))
+        self._placement = placement.encode() if placement is not None else None
+        options.placement = self._placement
+        array = (_capi.SchedBuffer * len(buffers))(*buffers)
+        _capi.call("tf_scheduler_create", device_handle, array, len(buffers), steps, len(order),
+                   ctypes.byref(options), ctypes.byref(self._sched))
+
+    def _move_in(self):
+        """Copies each weight into its tier copy and leaves a placeholder in the param."""
+        with torch.no_grad():
+            for b, (_, params) in enumerate(self._blocks):
+                for j, p in enumerate(params):
+                    home = ctypes.c_void_p()
+                    _capi.call("tf_scheduler_host_pointer", self._sched, self._buffer_of[b][j],
+                               ctypes.byref(home))
+                    _host_view(home.value, p).copy_(p.data)
+                    p._tierflow_home = home.value
+                    p.data = self._placeholder(p)
+
+    @staticmethod
+    def _placeholder(p):
+        return torch.zeros(1, dtype=p.dtype, device=p.device).expand(p.shape)
+
+    def _wrap_forwards(self):
+        for b, (block, _) in enumerate(self._blocks):
+            original = block.forward
+
+            def forward(*args, _b=b, _original=original, **kwargs):
+                return self._run_forward(_b, _original, args, kwargs)
+
+            block._tierflow_forward = original
+            block.forward = forward
+
+    # --- the passes -----------------------------------------------------------------------
+    def _native_stream(self):
+        if self._device.type == "cuda":
+            return torch.cuda.current_stream(self._device).cuda_stream
+        return None
+
+    def _acquire(self, step: int, block: int):
+        n = len(self._blocks)
+        if self._next is not None and self._next != step:
+            # Steps the pass skipped (a block that did not run) go by in order; a pass that
+            # went back (a new forward before the backward) starts over.
+            ahead = (step - self._next) % (2 * n)
+            if step < self._next or ahead > n:
+                _capi.call("tf_scheduler_restart", self._sched)
+            else:
+                while self._next != step:
+                    self._acquire(self._next, self._block_of(self._next))
+                    self._release()
+        params = self._blocks[block][1]
+        pointers = (ctypes.c_void_p * len(params))()
+        _capi.call("tf_scheduler_acquire", self._sched, step, self._native_stream(), pointers,
+                   len(params))
+        self._staged[block] = [_view(pointers[j], p, self._device)
+                               for j, p in enumerate(params)]
+        self._acquired = (step, block)
+        self._next = (step + 1) % (2 * n)
+
+    def _release(self):
+        step, block = self._acquired
+        self._acquired = None
+        self._staged.pop(block, None)
+        _capi.call("tf_scheduler_release", self._sched, step, 0, self._native_stream())
+
+    def _block_of(self, step):
+        n = len(self._blocks)
+        return step if step < n else 2 * n - 1 - step
+
+    def _end_pass(self):
+        """After a backward pass or a forward pass without grad: the tier copies current."""
+        if self._acquired is not None:
+            self._release()
+        _capi.call("tf_scheduler_restart", self._sched)
+        self._next = None
+
+    def _run_forward(self, b, original, args, kwargs):
+        params = self._blocks[b][1]
+        self._acquire(b, b)
+        try:
+            for p, view in zip(params, self._staged[b]):
+                p.data = view
+            if torch.is_grad_enabled():
+                with torch.autograd.graph.saved_tensors_hooks(self._pack_for(b), self._unpack):
+                    return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        finally:
+            for p in params:
+                p.data = self._placeholder(p)
+            self._release()
+            if not torch.is_grad_enabled() and b == len(self._blocks) - 1:
+                self._end_pass()
+
+    def _pack_for(self, b):
+        starts = {_storage_address(v): j for j, v in enumerate(self._staged[b])}
+
+        def pack(t):
+            j = starts.get(_storage_address(t)) if t.device == self._device else None
+            return t if j is None else _Saved(b, j, t)
+
+        return pack
+
+    def _unpack(self, saved):
+        if not isinstance(saved, _Saved):
+            return saved
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            self._callback_queued = True
+        n = len(self._blocks)
+        step = 2 * n - 1 - saved.block
+        if self._acquired is None or self._acquired[0] != step:
+            if self._acquired is not None:
+                self._release()
+            self._acquire(step, saved.block)
+        base = self._staged[saved.block][saved.index]
+        return base.reshape(-1).as_strided(saved.size, saved.stride, saved.offset)
+
+    def _backward_done(self):
+        self._callback_queued = False
+        self._end_pass()
+
+    # --- what users call ------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """The scheduler's figures (``stall_fraction``, ``overlap_efficiency``,
+        ``hbm_staging_peak_bytes``, ``bytes_in``, ...) plus the offloaded bytes and blocks."""
+        self._check_open()
+        out = dict(_capi.json_call("tf_scheduler_metrics_json", self._sched)["scheduler"])
+        out["offloaded_bytes"] = sum(p.numel() * p.element_size()
+                                     for _, ps in self._blocks for p in ps)
+        out["blocks"] = len(self._blocks)
+        return out
+
+    def trace_json(self) -> str:
+        """A Chrome/Perfetto trace of the staging (``trace=True``), as JSON text."""
+        self._check_open()
+        return _capi.json_call("tf_scheduler_trace_json", self._sched, parse=False)
+
+    def remove(self) -> None:
+        """Puts every weight back as an ordinary tensor on its device (with the values of its
+        tier copy) and the blocks' forward as it was. Idempotent."""
+        if not self._sched:
+            return
+        if self._acquired is not None:
+            self._release()
+        _capi.call("tf_scheduler_flush", self._sched)
+        with torch.no_grad():
+            for block, params in self._blocks:
+                for p in params:
+                    p.data = _host_view(p._tierflow_home, p).to(self._device, copy=True)
+                    del p._tierflow_home
+                block.forward = block._tierflow_forward
+                del block._tierflow_forward
+        _capi.lib.tf_scheduler_destroy(self._sched)
+        self._sched = ctypes.c_void_p()
+
+    def _check_open(self):
+        if not self._sched:
+            raise RuntimeError("offload_parameters: the handle was removed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def offload_parameters(model: nn.Module, *, blocks: Optional[Iterable[nn.Module]] = None,
+                       window: int = 2, hbm_budget: Optional[int] = None,
+                       placement: Optional[str] = None,
+                       trace: bool = False) -> OffloadedParameters:
+    """Moves the weights of ``model``'s blocks into a host tier and streams them into HBM
+    ``window`` blocks ahead of the forward and the backward pass; the staging never holds more
+    than ``hbm_budget`` bytes (default: window + 1 of the largest block). ``placement`` is a
+    placement spec for class ``params`` (as TIERFLOW_PLACEMENT takes). Train with
+    ``tierflow.torch.OffloadAdamW`` over ``model.parameters()``: it updates the tier copies in
+    place. See the module's comment for how it works."""
+    return OffloadedParameters(model, blocks, window, hbm_budget, placement, trace)
