@@ -117,14 +117,14 @@ class OffloadedParameters:
                 if id(p) in seen:
                     raise ValueError(f"blocks[{i}] and blocks[{seen[id(p)]}] share a param of "
                                      f"shape {tuple(p.shape)}: a weight lives in one block")
+                if hasattr(p, "_tierflow_home"):
+                    raise ValueError(f"blocks[{i}]: a param is offloaded already")
                 if p.dtype not in _SUPPORTED:
                     raise TypeError(f"blocks[{i}]: a param is {p.dtype} (float32, bfloat16 or "
                                     "float16)")
                 if not p.is_contiguous():
                     raise ValueError(f"blocks[{i}]: a param of shape {tuple(p.shape)} is not "
                                      "contiguous")
-                if hasattr(p, "_tierflow_home"):
-                    raise ValueError(f"blocks[{i}]: a param is offloaded already")
                 seen[id(p)] = i
             if params:
                 out.append((block, params))
