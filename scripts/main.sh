@@ -9,7 +9,11 @@ source scripts/setup.sh
 tierflow_install_packages
 
 cmake --preset release >/dev/null
-cmake --build --preset release --target tierflow_cli
+cmake --build --preset release --target tierflow_tool tierflow_python
 ./build/release/bin/tierflow topo
 echo
 ./build/release/bin/tierflow demo --verify "$@"
+echo
+# The same job in PyTorch: a transformer's weights streamed from a host tier, its Adam state
+# offloaded, checked bit for bit against the same training without offload.
+PYTHONPATH=build/release/python TIERFLOW_LOG=warning /usr/bin/python3 examples/torch_train_offload.py --verify
