@@ -277,6 +277,9 @@ done
 # ---- tests, benchmarks, the demo ------------------------------------------------------------
 if [[ $no_gpu -eq 0 ]]; then
   step ctest_cuda 120 ctest --test-dir "$build_dir" -L cuda --output-on-failure
+  # tierflow.torch on CUDA (the machine's python3 with its torch 2.x): the CUDA tests run here.
+  step torch_cuda 120 env PYTHONPATH="$build_dir/python" python3 -m pytest "$here/tests/python" \
+    -q -rs -p no:cacheprovider
   step device_bench 60 "$device_bench" --device cuda --samples 7 --copy-mib 256
   step bench 60 "$cli" bench --device cuda --case h2d_,d2h_,bidir_,adam_ --link-mib 128 \
     --samples 3 --json

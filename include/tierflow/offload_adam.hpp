@@ -195,7 +195,7 @@ struct adam_metrics {
   std::uint64_t hbm_staging_peak_bytes = 0;  ///< streamed mode: most HBM its chunks held; cpu: 0
   /** @brief streamed mode: HBM held by the undo ring, beside the staging budget; cpu: 0 */
   std::uint64_t hbm_undo_bytes = 0;
-  /** @brief `{"schema_version":1,"adam":{...}}` (keys in the README). */
+  /** @brief `{"schema_version":1,"adam":{...}}` (keys in docs/offload-adam.md). */
   [[nodiscard]] std::string to_json() const;
 };
 

@@ -119,7 +119,8 @@ struct placement_snapshot {
   std::string spec_origin;                 ///< where a placement override came from, or empty
 };
 
-/** @brief The snapshot as JSON (`{"schema_version":1,"placement":{...}}`; keys in README). */
+/** @brief The snapshot as JSON (`{"schema_version":1,"placement":{...}}`; keys in docs/memory.md).
+ */
 [[nodiscard]] std::string to_json(const placement_snapshot& snapshot);
 
 namespace detail {

@@ -136,7 +136,7 @@ struct scheduler_metrics {
   metrics::link_usage d2h;
   std::vector<step_metrics> per_step;
 
-  /** @brief The scheduler section of a JSON snapshot (keys in the README). */
+  /** @brief The scheduler section of a JSON snapshot (keys in docs/scheduler.md). */
   [[nodiscard]] std::string to_json() const;
   /** @brief Adds the `tierflow_scheduler_*` families to @p out. */
   void to_prometheus(metrics::prometheus_writer& out) const;

@@ -1,5 +1,5 @@
 // tierflow bench: every memory tier and link of this machine (cases in cases_*.cpp, registered in
-// case_registry.cpp; JSON and CSV columns in README.md, "tierflow bench").
+// case_registry.cpp; JSON and CSV columns in docs/cli/bench.md).
 
 #include <algorithm>
 #include <cstdio>
@@ -484,7 +484,7 @@ action add_bench_command(CLI::App& app) {
   cmd->add_option("--llc-mib", o->llc_mib,
                   "Last-level cache size the buffer rule uses, in MiB (default: detected)")
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_flag("--json", o->json_output, "Print one JSON document (keys in README.md)");
+  cmd->add_flag("--json", o->json_output, "Print one JSON document (keys in docs/cli/bench.md)");
   cmd->add_flag("--csv", o->csv_output, "Print CSV, one row per testcase");
   cmd->add_option("--html", o->html, "Also write a self-contained HTML report to this file");
   cmd->add_option("--from-json", o->from_json,

@@ -1,6 +1,6 @@
 #pragma once
 // `tierflow bench`: the cases, and the runner that measures them into one report (JSON keys
-// in README.md, "tierflow bench").
+// in docs/cli/bench.md).
 
 #include <cstddef>
 #include <cstdint>

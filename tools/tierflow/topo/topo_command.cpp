@@ -1,4 +1,4 @@
-// tierflow topo: what memory this machine has, as a table or as JSON (keys in README.md).
+// tierflow topo: what memory this machine has, as a table or as JSON (keys in docs/cli/topo.md).
 
 #include <algorithm>
 #include <cstdio>
@@ -319,7 +319,7 @@ int run_topo(const topo_options& options, bool initiator_given) {
 action add_topo_command(CLI::App& app) {
   auto options = std::make_shared<topo_options>();
   auto* cmd = app.add_subcommand("topo", "Show the machine's memory tiers, nodes and GPUs");
-  cmd->add_flag("--json", options->json_output, "Print JSON (keys documented in README.md)");
+  cmd->add_flag("--json", options->json_output, "Print JSON (keys documented in docs/cli/topo.md)");
   cmd->add_option("--hwloc-xml", options->hwloc_xml,
                   "Read the hwloc topology from this XML file instead of the live machine");
   cmd->add_option("--sysfs-root", options->sysfs_root,
