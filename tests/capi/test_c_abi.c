@@ -7,18 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_check.h"
 #include "tierflow/tierflow.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                           \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
-              tf_last_error());                                                               \
-      ++failures;                                                                             \
-    }                                                                                         \
-  } while (0)
 
 static uint64_t rng_state;
 static double uniform(void) { /* xorshift64*, in (0, 1) */

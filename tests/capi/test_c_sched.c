@@ -7,18 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_check.h"
 #include "tierflow/tierflow.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                           \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
-              tf_last_error());                                                               \
-      ++failures;                                                                             \
-    }                                                                                         \
-  } while (0)
 
 enum { BLOCKS = 4, STEPS = 2 * BLOCKS };
 
