@@ -25,7 +25,7 @@ class Model(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True)
+            nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
             for _ in range(layers))
         self.out = nn.Linear(width, vocab)
 
