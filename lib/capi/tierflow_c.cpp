@@ -232,6 +232,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       po.spec = std::string(options->placement);
     }
     auto a = std::make_unique<tf_adam>(tierflow::topology::discover(), std::move(po));
+    a->elements.resize(groups);
     for (std::size_t i = 0; i < count; ++i) {
       const tf_adam_param& p = params[i];
       if (p.group >= groups) {
@@ -247,7 +248,6 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       ap.elements = p.elements;
       ap.param_on_host = p.param_on_host != 0;
       a->where.emplace_back(p.group, gs[p.group].params.size());
-      a->elements.resize(groups);
       a->elements[p.group].push_back(p.elements);
       gs[p.group].params.push_back(std::move(ap));
     }
@@ -428,10 +428,8 @@ tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, fl
                             std::to_string(adam->elements[g][i]) + " elements, " +
                             std::to_string(elements) + " asked for");
     }
-    const auto copy = [&](std::vector<float> values, float* out) {
-      if (out != nullptr) {
-        std::memcpy(out, values.data(), values.size() * sizeof(float));
-      }
+    const auto copy = [](const std::vector<float>& values, float* out) {
+      std::memcpy(out, values.data(), values.size() * sizeof(float));
     };
     if (master != nullptr) {
       copy(adam->opt->master_weights(g, i), master);
