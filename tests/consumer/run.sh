@@ -35,7 +35,7 @@ got=$("$prefix/cmake-build/c_consumer")
 echo "find_package C consumer: $got"
 [ "$got" = "tierflow-c $version" ] || { echo "expected: tierflow-c $version"; exit 1; }
 # shellcheck disable=SC2046
-cc -o "$prefix/pc-c-consumer" "$source/tests/consumer/c_consumer.c" \
+cc $cxxflags -o "$prefix/pc-c-consumer" "$source/tests/consumer/c_consumer.c" \
   $(pkg-config --cflags --libs tierflow-c) -Wl,-rpath,"$(pkg-config --variable=libdir tierflow-c)"
 got=$("$prefix/pc-c-consumer")
 echo "pkg-config C consumer: $got"
