@@ -252,6 +252,11 @@ tf_status tf_scheduler_metrics_json(tf_scheduler* scheduler, char* buffer, size_
                                     size_t* needed);
 tf_status tf_scheduler_trace_json(tf_scheduler* scheduler, char* buffer, size_t capacity,
                                   size_t* needed);
+/* Where its buffers' tier copies live: {"tiers":{"dram0":BYTES,...},"caller_bytes":N} (the
+ * tier each allocation landed in, e.g. `cxl0` or `dram0:3+cxl0:1`; caller_bytes: the buffers
+ * whose memory the caller gave). */
+tf_status tf_scheduler_where_json(const tf_scheduler* scheduler, char* buffer, size_t capacity,
+                                  size_t* needed);
 
 #ifdef __cplusplus
 }

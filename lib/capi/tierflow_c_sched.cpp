@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "capi/capi_support.hpp"
+#include "tierflow/metrics.hpp"
 #include "tierflow/placement_policy.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/topology.hpp"
@@ -18,6 +20,7 @@ struct tf_scheduler {
   tierflow::placement_policy placement;
   std::vector<tierflow::tier_allocation> owned;  // the buffers it allocated
   std::vector<void*> host;                       // every buffer's tier copy
+  std::uint64_t total_bytes = 0;                 // of every buffer, allocated or given
   std::vector<std::vector<tierflow::buffer_id>> step_buffers;
   tierflow::device* dev = nullptr;
   // Declared last: destroyed first, while the buffers it writes back still exist.
@@ -53,6 +56,7 @@ tierflow::schedule_plan make_plan(tf_scheduler& s, const tf_sched_buffer* buffer
       data = s.owned.back().data();
     }
     s.host.push_back(data);
+    s.total_bytes += b.bytes;
     plan.add_buffer(
         {b.name != nullptr ? b.name : "buffer" + std::to_string(i), data, b.bytes, false, false});
   }
@@ -222,6 +226,29 @@ tf_status tf_scheduler_trace_json(tf_scheduler* scheduler, char* buffer, size_t 
   const tf_status s =
       guarded("tf_scheduler_trace_json", [&] { json = checked(scheduler).sched->trace_json(); });
   return s != TF_OK ? s : json_out("tf_scheduler_trace_json", json, buffer, capacity, needed);
+}
+
+tf_status tf_scheduler_where_json(const tf_scheduler* scheduler, char* buffer, size_t capacity,
+                                  size_t* needed) {
+  std::string json;
+  const tf_status s = guarded("tf_scheduler_where_json", [&] {
+    need(scheduler, "scheduler");
+    const tf_scheduler& sc = *scheduler;
+    std::map<std::string, std::uint64_t> tiers;
+    std::uint64_t owned_bytes = 0;
+    for (const auto& a : sc.owned) {
+      tiers[a.tier()] += a.size();
+      owned_bytes += a.size();
+    }
+    tierflow::metrics::json_writer w;
+    w.begin_object().key("tiers").begin_object();
+    for (const auto& [tier, bytes] : tiers) {
+      w.key(tier).value(bytes);
+    }
+    w.end_object().key("caller_bytes").value(sc.total_bytes - owned_bytes).end_object();
+    json = w.str();
+  });
+  return s != TF_OK ? s : json_out("tf_scheduler_where_json", json, buffer, capacity, needed);
 }
 
 }  // extern "C"

@@ -211,6 +211,8 @@ _PROTOTYPES = {
         _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
     "tf_scheduler_trace_json": (
         _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_scheduler_where_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
 }
 
 

@@ -16,6 +16,7 @@ place (cpu mode, ``param_on_host``), so a step moves each weight over the link o
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -92,6 +93,8 @@ class OffloadedParameters:
             raise ValueError(f"hbm_budget must be a byte count > 0, not {hbm_budget!r}")
         self._model = model
         self._blocks = self._collect(model, blocks)
+        self._check_not_shared(model, self._blocks)
+        self._shapes = [[(p.shape, p.dtype) for p in ps] for _, ps in self._blocks]
         self._device = self._blocks[0][1][0].device
         self._stream = None
         self._sched = ctypes.c_void_p()
@@ -101,6 +104,9 @@ class OffloadedParameters:
         self._next = None  # the step the scheduler expects next (None: any)
         self._staged = {}  # block -> its params' staged views
         self._callback_queued = False
+        self._passes = 0
+        self._pass_start = self._totals()
+        self._last_pass = None
         self._wrap_forwards()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -135,6 +141,24 @@ class OffloadedParameters:
             raise ValueError(f"offload_parameters: params on {sorted(map(str, devices))}: "
                              "the offloaded params must share one device")
         return out
+
+    @staticmethod
+    def _check_not_shared(model, blocks):
+        """A weight of a block that a module outside the blocks also uses (tied weights: an
+        embedding shared with a head in a block) would read the placeholder there: refused."""
+        inside = {id(m) for block, _ in blocks for m in block.modules()}
+        offloaded = {id(p) for _, ps in blocks for p in ps}
+        for name, module in model.named_modules():
+            if id(module) in inside:
+                continue
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in offloaded:
+                    where = f"{name}.{pname}" if name else pname
+                    raise ValueError(
+                        f"offload_parameters: {where} (shape {tuple(p.shape)}) is a weight of an "
+                        "offloaded block that a module outside the blocks also uses (tied "
+                        "weights): leave that block out, or list the sharing modules as one "
+                        "block")
 
     def _build(self, device_handle, window, hbm_budget, placement, trace):
         buffers, steps, self._buffer_of = [], [], []
@@ -236,9 +260,36 @@ class OffloadedParameters:
             self._release()
         _capi.call("tf_scheduler_restart", self._sched)
         self._next = None
+        self._passes += 1
+        now = self._totals()
+        self._last_pass = {k: now[k] - self._pass_start[k] for k in now}
+        self._pass_start = now
+
+    def _totals(self) -> dict:
+        m = _capi.json_call("tf_scheduler_metrics_json", self._sched)["scheduler"]
+        return {"compute_s": m["compute_s"], "stall_s": m["stall_s"], "bytes_in": m["bytes_in"],
+                "bytes_out": m["bytes_out"], "late_prefetches": m["late_prefetches"],
+                "elapsed_s": time.perf_counter()}
+
+    def _check_unchanged(self, b):
+        """A block whose params were replaced or reshaped since offload_parameters cannot be
+        staged from the tier copies: a clear error, not a wrong result."""
+        block, params = self._blocks[b]
+        now = [p for p in block.parameters() if p.numel() > 0]
+        if [id(p) for p in now] != [id(p) for p in params]:
+            raise RuntimeError(f"offload_parameters: block {b} ({type(block).__name__}) has "
+                               "params that were replaced since it was offloaded: remove() "
+                               "the handle before changing the model, then offload again")
+        for j, (p, (shape, dtype)) in enumerate(zip(params, self._shapes[b])):
+            if p.shape != shape or p.dtype != dtype:
+                raise RuntimeError(
+                    f"offload_parameters: block {b} param {j} is now {tuple(p.shape)} "
+                    f"{p.dtype}, offloaded as {tuple(shape)} {dtype}: weights may not change "
+                    "shape or dtype while offloaded")
 
     def _run_forward(self, b, original, args, kwargs):
         params = self._blocks[b][1]
+        self._check_unchanged(b)
         self._acquire(b, b)
         try:
             for p, view in zip(params, self._staged[b]):
@@ -284,13 +335,21 @@ class OffloadedParameters:
 
     # --- what users call ------------------------------------------------------------------
     def metrics(self) -> dict:
-        """The scheduler's figures (``stall_fraction``, ``overlap_efficiency``,
-        ``hbm_staging_peak_bytes``, ``bytes_in``, ...) plus the offloaded bytes and blocks."""
+        """The scheduler's figures in total (``stall_fraction``, ``overlap_efficiency``,
+        ``hbm_staging_peak_bytes``, ``bytes_in``, ``compute_s``, ``stall_s``, ... as in
+        docs/scheduler.md), plus ``offloaded_bytes``, ``blocks``, ``tiers`` (bytes of weights
+        per tier they live in), ``passes`` (passes ended: a backward pass, or a forward pass
+        without grad) and ``last_pass``: ``compute_s``, ``stall_s``, ``bytes_in``,
+        ``bytes_out``, ``late_prefetches`` and ``elapsed_s`` (wall time since the pass before
+        ended) of the last pass (None before the first)."""
         self._check_open()
         out = dict(_capi.json_call("tf_scheduler_metrics_json", self._sched)["scheduler"])
         out["offloaded_bytes"] = sum(p.numel() * p.element_size()
                                      for _, ps in self._blocks for p in ps)
         out["blocks"] = len(self._blocks)
+        out["tiers"] = _capi.json_call("tf_scheduler_where_json", self._sched)["tiers"]
+        out["passes"] = self._passes
+        out["last_pass"] = dict(self._last_pass) if self._last_pass is not None else None
         return out
 
     def trace_json(self) -> str:

@@ -127,3 +127,48 @@ def test_refusals_name_what_is_wrong(seed):
             offload_parameters(model)
         with pytest.raises(ValueError, match="mode='streamed'"):
             OffloadAdamW(model.parameters(), mode="streamed").step()
+
+
+def test_metrics_name_the_tier_and_each_pass(seed):
+    model = Stack(blocks=3)
+    total = sum(block_bytes(model))
+    with offload_parameters(model, window=1) as handle:
+        m = handle.metrics()
+        assert m["passes"] == 0 and m["last_pass"] is None
+        assert sum(m["tiers"].values()) == total  # every weight is in some named tier
+        assert all(isinstance(t, str) and t for t in m["tiers"])
+        opt = OffloadAdamW(model.parameters(), lr=1e-3)
+        train(model, opt, data(2))
+        m = handle.metrics()
+        assert m["passes"] == 2
+        last = m["last_pass"]
+        # a pass with grad stages each block forward and again backward (but the last,
+        # whose forward staging is still there): between total and 2 x total bytes
+        assert total <= last["bytes_in"] <= 2 * total
+        assert last["compute_s"] > 0 and last["stall_s"] >= 0
+        assert last["elapsed_s"] >= last["compute_s"]
+        assert m["bytes_in"] >= 2 * last["bytes_in"] - 1
+
+
+def test_tied_weights_and_changed_params_are_refused(seed):
+    model = Stack(blocks=2)
+    model.extra = nn.Linear(WIDTH, WIDTH)
+    model.extra.weight = model.blocks[1][0].weight  # tied with a module outside the blocks
+    with pytest.raises(ValueError, match=r"extra\.weight .*tied weights"):
+        offload_parameters(model)
+    assert all(not hasattr(p, "_tierflow_home") for p in model.parameters())
+    # listing the tied module as part of the block is fine
+    with offload_parameters(model, blocks=[model.blocks[0]]):
+        pass
+
+    model = Stack(blocks=2)
+    x = torch.randn(4, WIDTH)
+    with offload_parameters(model):
+        model.blocks[0][0].weight = nn.Parameter(torch.randn(WIDTH, WIDTH))
+        with pytest.raises(RuntimeError, match="block 0 .*replaced"):
+            model(x)
+    model = Stack(blocks=2)
+    with offload_parameters(model):
+        model.blocks[1][0].bias.data = torch.zeros(1).expand(WIDTH + 1)
+        with pytest.raises(RuntimeError, match=r"block 1 param 1 is now \(49,\)"):
+            model(x)
