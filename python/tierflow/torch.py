@@ -63,11 +63,20 @@ def _label(param, index: int, group: int) -> str:
     return f"param {index} (group {group}, shape {shape}, {dtype})"
 
 
+def _is_dtensor(param) -> bool:
+    """A torch >= 2 DTensor (torch 1.13 has none)."""
+    return any(cls.__name__ == "DTensor" for cls in type(param).__mro__)
+
+
 def _check_param(param, label: str) -> None:
     """Refuses a param the step cannot run, naming it. @raises TypeError, ValueError"""
     if not isinstance(param, torch.Tensor):
         raise TypeError(f"{label}: optimizer can only optimize Tensors, not "
                         f"{type(param).__name__}")
+    if _is_dtensor(param):
+        raise TypeError(f"{label}: the param is a DTensor (FSDP2's fully_shard or tensor "
+                        "parallelism); tierflow steps plain tensors: shard with "
+                        "ZeroRedundancyOptimizer, see docs/distributed.md")
     if param.layout != torch.strided:
         raise ValueError(f"{label}: sparse params are not supported ({param.layout})")
     if param.is_complex():

@@ -177,3 +177,37 @@ def scenario_killed(rank, world, port, args):
 def run_rank(scenario, rank, world, port, args):
     """Entry point of a manually started rank process (the killed-rank test)."""
     globals()[scenario](rank, world, port, args)
+
+
+def scenario_fsdp(rank, world, port, args):
+    """torch.distributed.fsdp.FullyShardedDataParallel (flat params) with OffloadAdamW over
+    its flat shards, against AdamW."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    seed, steps = args["seed"], args["steps"]
+    init(rank, world, port)
+    ref = reference(seed, steps, steps)
+    net = FullyShardedDataParallel(model(seed))
+    opt = OffloadAdamW(net.parameters(), **HYPER)
+    train(net, opt, batches(seed, steps), rank, world, 0, steps)
+    with FullyShardedDataParallel.summon_full_params(net):
+        assert_params(net, ref[steps], f"FSDP rank {rank}/{world} after {steps} steps")
+    dist.destroy_process_group()
+
+
+def scenario_fully_shard(rank, world, port, args):
+    """torch >= 2's fully_shard gives DTensor params: OffloadAdamW refuses them by name."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    init(rank, world, port)
+    net = model(args["seed"])
+    fully_shard(net)
+    try:
+        OffloadAdamW(net.parameters(), **HYPER)
+    except TypeError as e:
+        assert "DTensor" in str(e) and "docs/distributed.md" in str(e), e
+    else:
+        raise AssertionError("OffloadAdamW took DTensor params")
+    dist.destroy_process_group()

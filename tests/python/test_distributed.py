@@ -103,3 +103,39 @@ def test_local_placement_is_accepted_on_this_machine(seed):
     opt.step()
     node, _ = tfd.local_node(0)
     assert str(node) in opt.where()["optimizer_state"]["nodes"]
+
+
+def _fsdp_import_error():
+    try:
+        import torch.distributed.fsdp  # noqa: F401
+    except Exception as e:  # noqa: BLE001 -- torch 1.13's FSDP fails on Python 3.11
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def test_fsdp_flat_params_match_adamw(dist_seed):
+    error = _fsdp_import_error()
+    if error is not None:
+        pytest.skip(f"this torch's FSDP does not import ({torch.__version__}): {error[:160]}")
+    args = {"seed": dist_seed, "steps": 4}
+    mp.spawn(dist_workers.scenario_fsdp, args=(2, dist_workers.free_port(), args), nprocs=2)
+
+
+def test_fully_shard_dtensor_params_are_refused_by_name(dist_seed):
+    error = _fsdp_import_error()
+    if error is not None or not any(
+            hasattr(m, "fully_shard") for m in _fully_shard_modules()):
+        pytest.skip(f"no fully_shard in torch {torch.__version__} (torch >= 2.4)")
+    mp.spawn(dist_workers.scenario_fully_shard, args=(2, dist_workers.free_port(),
+                                                      {"seed": dist_seed}), nprocs=2)
+
+
+def _fully_shard_modules():
+    import importlib
+    out = []
+    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            out.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return out
