@@ -139,3 +139,28 @@ def _fully_shard_modules():
         except ImportError:
             pass
     return out
+
+
+def test_state_a_wrapper_writes_into_optim_state_is_taken_at_the_next_step(seed):
+    """What ZeroRedundancyOptimizer.load_state_dict does: optim.state[param] = torch's state."""
+    from tierflow.torch import OffloadAdamW
+    net, ref = dist_workers.Mlp(), dist_workers.Mlp()
+    ref.load_state_dict(net.state_dict())
+    torch_opt = torch.optim.AdamW(ref.parameters(), **dist_workers.HYPER)
+    data = dist_workers.batches(seed, 6)
+    for x, y in data[:3]:
+        torch_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        torch_opt.step()
+    net.load_state_dict(ref.state_dict())
+    opt = OffloadAdamW(net.parameters(), **dist_workers.HYPER)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        opt.state[p] = {k: v.clone() for k, v in torch_opt.state[q].items()}
+    saved = opt.state_dict()["state"]
+    assert float(saved[0]["step"]) == 3 and not opt.state, "state_dict() takes it too"
+    for x, y in data[3:]:
+        for model, o in ((net, opt), (ref, torch_opt)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            o.step()
+    dist_workers.assert_params(net, [p.detach() for p in ref.parameters()], "after 3 more")
