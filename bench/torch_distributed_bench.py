@@ -50,9 +50,12 @@ def timed_steps(net, opt, args, rank, barrier):
 
 def summary(samples):
     s = sorted(samples)
-    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
-    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": pick(0.1) * 1e3,
-            "p90_ms": pick(0.9) * 1e3, "samples": len(s)}
+
+    def percentile(q):
+        return s[min(len(s) - 1, int(q * len(s)))] * 1e3
+
+    return {"median_ms": statistics.median(s) * 1e3, "p10_ms": percentile(0.1),
+            "p90_ms": percentile(0.9), "samples": len(s)}
 
 
 def single(args, out):

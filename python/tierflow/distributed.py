@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["format_table", "gather_metrics", "local_node", "local_placement"]
+__all__ = ["dram_nodes", "format_table", "gather_metrics", "local_node", "local_placement"]
 
 _STATE_CLASSES = ("optimizer_state", "master_params")
 
