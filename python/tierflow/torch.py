@@ -341,8 +341,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 loaded[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)))
         for i, (p, state) in loaded.items():
             _state.write(self._adam, i, p, state)
+            self._versions[i] = getattr(p, "_version", None)
         self.state.clear()
-        self._record_versions()
 
     def _grads(self):
         """This step's grad pointers (None: no grad), checked before anything changes."""
@@ -404,9 +404,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
         ``master`` for bf16/fp16 params; params never stepped have no entry."""
         exported = defaultdict(dict)
-        if self._adam is None and any(self.state.values()):
-            self._ensure_built()
-        if self._adam is not None:
+        if self._adam is not None or any(self.state.values()):
             self._ensure_built()
             self._absorb_outside_state()
             for i, (_, p) in enumerate(self._entries):
