@@ -63,11 +63,20 @@ def _label(param, index: int, group: int) -> str:
     return f"param {index} (group {group}, shape {shape}, {dtype})"
 
 
+def _is_dtensor(param) -> bool:
+    """A torch >= 2 DTensor (torch 1.13 has none)."""
+    return any(cls.__name__ == "DTensor" for cls in type(param).__mro__)
+
+
 def _check_param(param, label: str) -> None:
     """Refuses a param the step cannot run, naming it. @raises TypeError, ValueError"""
     if not isinstance(param, torch.Tensor):
         raise TypeError(f"{label}: optimizer can only optimize Tensors, not "
                         f"{type(param).__name__}")
+    if _is_dtensor(param):
+        raise TypeError(f"{label}: the param is a DTensor (FSDP2's fully_shard or tensor "
+                        "parallelism); tierflow steps plain tensors: shard with "
+                        "ZeroRedundancyOptimizer, see docs/distributed.md")
     if param.layout != torch.strided:
         raise ValueError(f"{label}: sparse params are not supported ({param.layout})")
     if param.is_complex():
@@ -315,6 +324,26 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 _capi.call("tf_adam_refresh_master", self._adam, i)
         self._record_versions()
 
+    def _absorb_outside_state(self) -> None:
+        """Moves state that a wrapper wrote into ``self.state`` into the C optimizer.
+
+        The state lives in the C library and ``self.state`` stays empty; wrappers that restore
+        a checkpoint by writing ``optim.state[param]`` directly (torch.distributed's
+        ZeroRedundancyOptimizer.load_state_dict does) would otherwise be ignored."""
+        if not any(self.state.values()):
+            return
+        where = {id(p): (gi, index) for gi, index, p in self._flat()}
+        entry = {id(p): i for i, (_, p) in enumerate(self._entries)}
+        loaded = {}
+        for p, value in self.state.items():
+            if value and id(p) in entry:
+                gi, index = where[id(p)]
+                loaded[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)))
+        for i, (p, state) in loaded.items():
+            _state.write(self._adam, i, p, state)
+            self._versions[i] = getattr(p, "_version", None)
+        self.state.clear()
+
     def _grads(self):
         """This step's grad pointers (None: no grad), checked before anything changes."""
         grads = (ctypes.c_void_p * len(self._entries))()
@@ -350,6 +379,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._ensure_built()
+        self._absorb_outside_state()
         for gi, group in enumerate(self.param_groups):
             _check_group(group, gi)
         grads, any_grad = self._grads()
@@ -374,8 +404,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
         ``master`` for bf16/fp16 params; params never stepped have no entry."""
         exported = defaultdict(dict)
-        if self._adam is not None:
+        if self._adam is not None or any(self.state.values()):
             self._ensure_built()
+            self._absorb_outside_state()
             for i, (_, p) in enumerate(self._entries):
                 state = _state.read(self._adam, i, p)
                 if state.step > 0:

@@ -1,0 +1,214 @@
+"""The processes of test_distributed.py: gloo on 127.0.0.1, one process per rank.
+
+Each scenario is one function ``scenario(rank, world, port, args)`` run in every rank; it
+raises (AssertionError with the numbers) on a mismatch, which torch.multiprocessing reports to
+the test with the rank's traceback.
+"""
+import datetime
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+import tierflow.distributed as tfd
+from tierflow.torch import OffloadAdamW
+
+ROWS = 12  # the global batch: divisible by 2 and 3 ranks
+HYPER = {"lr": 1e-2, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.01}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init(rank, world, port, timeout_s=60.0):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["LOCAL_RANK"] = str(rank)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Mlp(nn.Module):
+    """Three linear layers: a real small model."""
+
+    def __init__(self, width=24, hidden=48, out=6):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, hidden),
+                                    nn.Tanh(), nn.Linear(hidden, out))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def batches(seed, steps):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(ROWS, 24, generator=g), torch.randn(ROWS, 6, generator=g))
+            for _ in range(steps)]
+
+
+def model(seed):
+    torch.manual_seed(seed)
+    return Mlp()
+
+
+def reference(seed, steps, k):
+    """Single-process torch.optim.AdamW on the global batches: params after k and after
+    `steps` steps."""
+    net = model(seed)
+    opt = torch.optim.AdamW(net.parameters(), **HYPER)
+    at = {}
+    for step, (x, y) in enumerate(batches(seed, steps)):
+        opt.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+        if step + 1 in (k, steps):
+            at[step + 1] = [p.detach().clone() for p in net.parameters()]
+    return at
+
+
+def train(ddp, opt, data, rank, world, start, stop):
+    for x, y in data[start:stop]:
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        opt.step()
+
+
+def assert_params(net, expected, what):
+    for i, (p, q) in enumerate(zip(net.parameters(), expected)):
+        scale = max(float(q.abs().max()), 1e-12)
+        err = float((p.detach() - q).abs().max())
+        assert err <= 1e-5 * scale, f"{what}: param {i} max error {err:.3g} > 1e-5 * {scale:.3g}"
+
+
+def zero(net, placement=None):
+    extra = {"placement": placement} if placement is not None else {}
+    return ZeroRedundancyOptimizer(net.parameters(), optimizer_class=OffloadAdamW, **HYPER,
+                                   **extra)
+
+
+def check_shards(opt, net, rank, world):
+    """Each rank's OffloadAdamW holds its shard only; the shards cover the model once."""
+    local = sum(p.numel() for g in opt.optim.param_groups for p in g["params"])
+    counts = [None] * world
+    dist.all_gather_object(counts, local)
+    total = sum(p.numel() for p in net.parameters())
+    assert sum(counts) == total and all(0 < c < total for c in counts), (counts, total)
+    assert opt.optim.metrics()["adam"]["params"] == local
+
+
+def check_metrics(opt, rank, world, total):
+    records = tfd.gather_metrics(opt)
+    if rank != 0:
+        assert records is None
+        return
+    assert [r["rank"] for r in records] == list(range(world))
+    assert sum(r["adam"]["params"] for r in records) == total
+    assert all(r["adam"]["steps"] > 0 for r in records)
+    table = tfd.format_table(records)
+    lines = table.splitlines()
+    assert lines[0].startswith("rank") and len(lines) == world + 1, table
+    print(table)
+
+
+def scenario_zero(rank, world, port, args):
+    """ZeRO + DDP against AdamW; checkpoint at k; resume it (ours, and args['resume_from'] when
+    given, written by a run with another rank count)."""
+    seed, steps, k, out = args["seed"], args["steps"], args["k"], args["checkpoint"]
+    init(rank, world, port)
+    ref = reference(seed, steps, k)
+    data = batches(seed, steps)
+    net = model(seed)
+    ddp = DistributedDataParallel(net)
+    opt = zero(ddp, placement=tfd.local_placement())
+    train(ddp, opt, data, rank, world, 0, k)
+    assert_params(net, ref[k], f"rank {rank}/{world} after {k} steps")
+    opt.consolidate_state_dict(to=0)
+    if rank == 0:
+        torch.save({"model": net.state_dict(), "optim": opt.state_dict()}, out)
+    dist.barrier()
+    train(ddp, opt, data, rank, world, k, steps)
+    assert_params(net, ref[steps], f"rank {rank}/{world} after {steps} steps")
+    check_shards(opt, net, rank, world)
+    check_metrics(opt, rank, world, sum(p.numel() for p in net.parameters()))
+    where = opt.optim.where()
+    assert set(where["node_tiers"].values()) == {"dram0"}, where
+    for source in [out] + ([args["resume_from"]] if args.get("resume_from") else []):
+        saved = torch.load(source)
+        fresh = model(seed + 1)  # other weights: the checkpoint must replace them
+        fresh.load_state_dict(saved["model"])
+        fresh_ddp = DistributedDataParallel(fresh)
+        resumed = zero(fresh_ddp)
+        resumed.load_state_dict(saved["optim"])
+        train(fresh_ddp, resumed, data, rank, world, k, steps)
+        assert_params(fresh, ref[steps], f"rank {rank}/{world} resumed from {source}")
+    dist.destroy_process_group()
+
+
+def scenario_killed(rank, world, port, args):
+    """Rank 1 dies (os._exit) after two steps; rank 0 keeps stepping and writes what it got."""
+    init(rank, world, port, timeout_s=args["timeout_s"])
+    data = batches(args["seed"], 50)
+    net = model(args["seed"])
+    ddp = DistributedDataParallel(net)
+    opt = zero(ddp)
+    train(ddp, opt, data, rank, world, 0, 2)
+    if rank == 1:
+        dist.barrier()
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        dist.barrier()  # rank 1 may be gone before rank 0 is through it
+        train(ddp, opt, data, rank, world, 2, 50)
+        outcome = "no error"
+    except Exception as e:  # noqa: BLE001 -- the outcome is the test's to judge
+        outcome = f"{type(e).__name__}: {e}"
+    with open(args["outcome"], "w") as f:
+        f.write(f"{time.monotonic() - started:.3f}\n{outcome}\n")
+
+
+def run_rank(scenario, rank, world, port, args):
+    """Entry point of a manually started rank process (the killed-rank test)."""
+    globals()[scenario](rank, world, port, args)
+
+
+def scenario_fsdp(rank, world, port, args):
+    """torch.distributed.fsdp.FullyShardedDataParallel (flat params) with OffloadAdamW over
+    its flat shards, against AdamW."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    seed, steps = args["seed"], args["steps"]
+    init(rank, world, port)
+    ref = reference(seed, steps, steps)
+    net = FullyShardedDataParallel(model(seed))
+    opt = OffloadAdamW(net.parameters(), **HYPER)
+    train(net, opt, batches(seed, steps), rank, world, 0, steps)
+    with FullyShardedDataParallel.summon_full_params(net):
+        assert_params(net, ref[steps], f"FSDP rank {rank}/{world} after {steps} steps")
+    dist.destroy_process_group()
+
+
+def scenario_fully_shard(rank, world, port, args):
+    """torch >= 2's fully_shard gives DTensor params: OffloadAdamW refuses them by name."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    init(rank, world, port)
+    net = model(args["seed"])
+    fully_shard(net)
+    try:
+        OffloadAdamW(net.parameters(), **HYPER)
+    except TypeError as e:
+        assert "DTensor" in str(e) and "docs/distributed.md" in str(e), e
+    else:
+        raise AssertionError("OffloadAdamW took DTensor params")
+    dist.destroy_process_group()
