@@ -124,7 +124,10 @@ TEST_CASE("plan: ZeRO-Infinity's 1T model on one DGX-2 spills from DRAM into NVM
   const json wide = plan_json(spec, {"--nodes", "32"});
   CHECK(wide["ranks"] == 512);
   CHECK(wide["memory"]["spill"] == json::array({"dram"}));
+  // It falls between the bound (everything overlapped) and the serial sum (nothing overlapped).
   CHECK(wide["step"]["mfu"].get<double>() * 125 * 512 >= 25000);
+  CHECK(6e12 * wide["step"]["tokens"].get<double>() / wide["step"]["serial_s"].get<double>() <
+        25e15);
 }
 
 TEST_CASE("plan: the model's invariants on random specs", "[cli][plan]") {
