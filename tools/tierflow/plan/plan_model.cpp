@@ -11,8 +11,6 @@ namespace tierflow::cli::plan {
 
 namespace {
 
-constexpr double gib = 1024.0 * 1024.0 * 1024.0;
-
 // How many of Ψ elements each rank holds of one kind of state.
 struct shards {
   double params = 0;     // weights
