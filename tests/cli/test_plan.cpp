@@ -236,6 +236,14 @@ TEST_CASE("plan: bad specs are errors naming the field and the value", "[cli][pl
   tier = good;
   tier["cluster"]["tiers"].push_back(good["cluster"]["tiers"][0]);
   CHECK_THROWS_WITH(plan::parse_plan_spec(tier.dump(), "f"), Catch::Contains("two tiers"));
+  json huge =
+      good;  // 10^6 nodes x 1024 GPUs x 4 x 10^8 tokens: more than 10^15 tokens per micro-step
+  huge["cluster"]["nodes"] = 1e6;
+  huge["cluster"]["gpus_per_node"] = 1024;
+  huge["training"]["seq_len"] = 1e8;
+  huge["training"].erase("tokens_per_step");
+  CHECK_THROWS_WITH(plan::size_plan(plan::parse_plan_spec(huge.dump(), "f")),
+                    Catch::Contains("training.micro_batch: ranks x micro_batch x seq_len"));
   json missing = good;
   missing["model"].erase("hidden");
   CHECK_THROWS_WITH(plan::parse_plan_spec(missing.dump(), "f"),

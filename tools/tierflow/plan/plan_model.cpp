@@ -313,7 +313,14 @@ plan_result size_plan(const plan_spec& s) {
   const double micro_step = ranks * static_cast<double>(s.micro_batch * s.seq_len);
   const double tokens = s.tokens_per_step > 0 ? s.tokens_per_step : micro_step;
   const double accumulation = tokens / micro_step;
-  if (!(micro_step <= 1e15) || accumulation < 1 || std::floor(accumulation) != accumulation) {
+  if (!(micro_step <= 1e15)) {
+    char value[64];
+    std::snprintf(value, sizeof value, "%.17g", micro_step);
+    throw input_error("training.micro_batch",
+                      "ranks x micro_batch x seq_len is more than 1e15 tokens per micro-step",
+                      value);
+  }
+  if (accumulation < 1 || std::floor(accumulation) != accumulation) {
     char value[64];
     std::snprintf(value, sizeof value, "%.17g", tokens);
     char problem[160];
