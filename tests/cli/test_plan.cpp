@@ -86,7 +86,8 @@ TEST_CASE("plan: ZeRO-Offload's 13B model fits one V100 32GB only with its state
   CHECK(k["fits"] == false);
   CHECK(model_state(k) == 16 * 13e9);
   CHECK_THAT(k["advice"][0].get<std::string>(), Catch::Contains("offload the optimizer"));
-  // 13B is about the largest: 20B's fp16 weights alone (40 GB) exceed the 32 GiB.
+  // The paper's "over 13 billion" is about the largest: 20B's fp16 weights alone (40 GB)
+  // exceed the 32 GiB.
   json bigger = spec;
   bigger["model"]["params"] = 20e9;
   CHECK(plan_json(bigger)["memory"]["hbm_fits"] == false);
