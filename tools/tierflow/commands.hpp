@@ -29,4 +29,8 @@ action add_demo_command(CLI::App& app);
  *  model or a plan file, measured or predicted (tools/tierflow/tune/tune_command.cpp). */
 action add_tune_command(CLI::App& app);
 
+/** `tierflow plan`: sizes a training run on paper from a JSON spec: bytes per tier, per-step
+ *  link bounds, the bottleneck (tools/tierflow/plan/plan_command.cpp). */
+action add_plan_command(CLI::App& app);
+
 }  // namespace tierflow::cli

@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("tierflow ") + TIERFLOW_VERSION_STRING);
   app.require_subcommand(1);
   std::vector<std::pair<const CLI::App*, action>> commands;
-  for (auto* add : {add_topo_command, add_bench_command, add_demo_command, add_tune_command}) {
+  for (auto* add : {add_topo_command, add_bench_command, add_demo_command, add_tune_command,
+                    add_plan_command}) {
     commands.push_back(add_command(app, add));
   }
 

@@ -1,0 +1,265 @@
+// `tierflow plan` as a user runs it: the published configurations of examples/plan (the figures
+// docs/cli/plan.md cites), the model's invariants on random specs, and bad input.
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.hpp"
+#include "plan/plan_model.hpp"
+#include "plan/plan_spec.hpp"
+#include "test_support.hpp"
+#include "tierflow/error.hpp"
+
+using nlohmann::json;
+using namespace tierflow::test::cli;
+namespace plan = tierflow::cli::plan;
+
+namespace {
+
+std::string example(const std::string& name) {
+  return (tierflow::test::data_dir() / ".." / ".." / "examples" / "plan" / (name + ".plan.json"))
+      .string();
+}
+
+json load_example(const std::string& name) {
+  return json::parse(tierflow::test::read_file(example(name)));
+}
+
+// Runs `tierflow plan --json` on @p spec (written to a scratch file) with @p extra arguments.
+json plan_json(const json& spec, const std::vector<std::string>& extra = {}) {
+  tierflow::test::scratch_dir dir;
+  const auto path = dir.path() / "spec.plan.json";
+  tierflow::test::write_file(path, spec.dump());
+  std::vector<std::string> args = {"plan", "--json", "--spec", path.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto r = run_cli(args);
+  INFO("stderr: " << r.err << "\nstdout: " << r.out);
+  REQUIRE(r.exit_code == 0);
+  return json::parse(r.out);
+}
+
+run_result plan_run(const json& spec) {
+  tierflow::test::scratch_dir dir;
+  const auto path = dir.path() / "spec.plan.json";
+  tierflow::test::write_file(path, spec.dump());
+  return run_cli({"plan", "--spec", path.string()});
+}
+
+// Model state of one rank (weights, grads, master, m, v) in HBM and host tiers together.
+double model_state(const json& j) {
+  double sum = 0;
+  for (const char* where : {"hbm", "host"}) {
+    for (const char* kind : {"weights", "grads", "master", "adam_m", "adam_v"}) {
+      sum += j["memory"]["per_rank"][where][kind].get<double>();
+    }
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("plan: ZeRO-Offload's 13B model fits one V100 32GB only with its state in host memory",
+          "[cli][plan]") {
+  json spec = load_example("zero_offload_13b_v100");
+  const json j = plan_json(spec);
+  CHECK(j["fits"] == true);
+  const auto& hbm = j["memory"]["per_rank"]["hbm"];
+  const auto& host = j["memory"]["per_rank"]["host"];
+  CHECK(hbm["weights"].get<double>() == 26e9);  // 2 Ψ fp16 weights in HBM
+  CHECK(host["grads"].get<double>() + host["master"].get<double>() + host["adam_m"].get<double>() +
+            host["adam_v"].get<double>() ==
+        14 * 13e9);  // 2 + 4 + 4 + 4 bytes per param
+  CHECK(hbm["total"].get<double>() <= 32.0 * (1 << 30));
+  CHECK(j["memory"]["spill"] == json::array({"dram"}));
+  // The paper's 40 TFLOPS per V100 (its 10B run) is within the bound the plan allows.
+  CHECK(j["step"]["mfu"].get<double>() * 125 >= 40);
+  CHECK(j["step"]["bound_s"].get<double>() <= j["step"]["serial_s"].get<double>());
+
+  // Without offload the 16 Ψ bytes stay in HBM: no fit, and the advice says what to offload.
+  json no_offload = spec;
+  no_offload["training"]["offload_optimizer"] = false;
+  const json k = plan_json(no_offload);
+  CHECK(k["fits"] == false);
+  CHECK(model_state(k) == 16 * 13e9);
+  CHECK_THAT(k["advice"][0].get<std::string>(), Catch::Contains("offload the optimizer"));
+  // The paper's "over 13 billion" is about the largest: 20B's fp16 weights alone (40 GB)
+  // exceed the 32 GiB.
+  json bigger = spec;
+  bigger["model"]["params"] = 20e9;
+  CHECK(plan_json(bigger)["memory"]["hbm_fits"] == false);
+}
+
+TEST_CASE("plan: ZeRO's Table 1 bytes per GPU for 1T parameters on 1024 GPUs", "[cli][plan]") {
+  json spec = load_example("zero_table1_1t_1024gpu");
+  const std::pair<const char*, double> table[] = {
+      {"none", 16000}, {"zero1", 4011.7}, {"zero2", 2013.7}, {"zero3", 15.6}, {"fsdp", 15.6}};
+  for (const auto& [sharding, gb] : table) {
+    spec["training"]["sharding"] = sharding;
+    const json j = plan_json(spec);
+    INFO(sharding);
+    CHECK(j["ranks"] == 1024);
+    CHECK(std::abs(model_state(j) / 1e9 - gb) < 0.05);
+    CHECK(j["memory"]["hbm_fits"] == (gb < 32));
+  }
+}
+
+TEST_CASE("plan: ZeRO-Infinity's 1T model on one DGX-2 spills from DRAM into NVMe", "[cli][plan]") {
+  json spec = load_example("zero_infinity_1t_dgx2");
+  const json j = plan_json(spec);
+  CHECK(j["fits"] == true);
+  CHECK(j["memory"]["spill"] == json::array({"dram", "nvme"}));
+  CHECK(j["memory"]["tiers"][0]["used_bytes"] == j["memory"]["tiers"][0]["capacity_bytes"]);
+  CHECK(model_state(j) * 16 == Approx(16e12));  // 16 Ψ bytes on the node
+  // DRAM alone cannot hold 16 TB: the advice names the capacity to add.
+  json dram_only = spec;
+  dram_only["cluster"]["tiers"].erase(1);
+  const json k = plan_json(dram_only);
+  CHECK(k["fits"] == false);
+  CHECK_THAT(k["advice"][0].get<std::string>(), Catch::Contains("of capacity per node"));
+  // On 32 DGX-2 nodes (512 V100) each node's share fits DRAM, and the bound allows the paper's
+  // 25 petaflops sustained on 512 GPUs.
+  const json wide = plan_json(spec, {"--nodes", "32"});
+  CHECK(wide["ranks"] == 512);
+  CHECK(wide["memory"]["spill"] == json::array({"dram"}));
+  // It falls between the bound (everything overlapped) and the serial sum (nothing overlapped).
+  CHECK(wide["step"]["mfu"].get<double>() * 125 * 512 >= 25000);
+  CHECK(6e12 * wide["step"]["tokens"].get<double>() / wide["step"]["serial_s"].get<double>() <
+        25e15);
+}
+
+TEST_CASE("plan: the model's invariants on random specs", "[cli][plan]") {
+  auto gen = tierflow::test::rng(2601);
+  json spec = load_example("dgx_h100_cxl_1t");
+  spec["training"].erase("tokens_per_step");
+  const plan::sharding shardings[] = {plan::sharding::none, plan::sharding::zero1,
+                                      plan::sharding::zero2, plan::sharding::zero3,
+                                      plan::sharding::fsdp};
+  std::uniform_real_distribution<double> unit(0.1, 1.0);
+  for (int round = 0; round < 200; ++round) {
+    plan::plan_spec s = plan::parse_plan_spec(spec.dump(), "spec");
+    s.params = std::floor(1e9 + unit(gen) * 1e12);
+    s.nodes = 1 + gen() % 64;
+    s.host_link_gbps = 5 + unit(gen) * 60;
+    s.tiers[0].read_gbps = 20 + unit(gen) * 400;
+    s.tiers[1].capacity_bytes = unit(gen) * 1e13;
+    s.shard = shardings[gen() % 5];
+    s.offload_optimizer = gen() % 2 == 0;
+    s.offload_params = gen() % 2 == 0;
+    s.offload_activations = gen() % 2 == 0;
+    s.micro_batch = 1 + gen() % 8;
+    s.tokens_per_step = static_cast<double>(s.nodes * s.gpus_per_node * s.micro_batch * s.seq_len *
+                                            (1 + gen() % 16));
+    INFO("round " << round << ": params " << s.params << ", nodes " << s.nodes << ", sharding "
+                  << plan::to_string(s.shard) << ", offload " << s.offload_optimizer
+                  << s.offload_params << s.offload_activations);
+    const plan::plan_result r = plan::size_plan(s);
+    double slowest = 0;
+    double serial = 0;
+    for (const auto& st : r.stages) {
+      slowest = std::max(slowest, st.time_s);
+      serial += st.time_s;
+      if (st.name != "compute") {
+        CHECK(st.time_s == Approx(st.bytes / (st.rate * 1e9)));
+      }
+      if (st.name == r.bottleneck) {
+        CHECK(st.time_s == r.step_bound_s);
+      }
+    }
+    CHECK(r.step_bound_s == slowest);
+    CHECK(r.step_serial_s == Approx(serial));
+    CHECK(r.tokens_per_s == Approx(r.tokens_per_step / r.step_bound_s));
+    CHECK(r.mfu <= 0.75 + 1e-12);  // 6 Ψ of the 8 Ψ with recompute
+    CHECK(r.advice.size() == 1U + (r.hbm_fits ? 0U : 1U) + (r.host_fits ? 0U : 1U));
+    // Under zero3 the N ranks hold the 16 Ψ bytes of model state between them, once.
+    if (s.shard == plan::sharding::zero3) {
+      const double state = r.hbm.weights + r.hbm.grads + r.hbm.master + r.hbm.adam_m +
+                           r.hbm.adam_v + r.host.weights + r.host.grads + r.host.master +
+                           r.host.adam_m + r.host.adam_v;
+      CHECK(state * static_cast<double>(r.ranks) == Approx(16 * s.params));
+    }
+    // Twice the nodes never needs more HBM per rank, nor more host bytes per node.
+    plan::plan_spec wider = s;
+    wider.nodes *= 2;
+    wider.tokens_per_step *= 2;
+    const plan::plan_result w = plan::size_plan(wider);
+    CHECK(w.hbm.total() <= r.hbm.total());
+    CHECK(w.host.total() <= r.host.total());
+  }
+}
+
+TEST_CASE("plan: the table names the bottleneck", "[cli][plan]") {
+  const auto r = run_cli({"plan", "--spec", example("dgx_h100_cxl_1t")});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("<- bound"));
+  CHECK_THAT(r.out, Catch::Contains("step bound"));
+  CHECK_THAT(r.out, Catch::Contains("advice: "));
+}
+
+TEST_CASE("plan: bad specs are errors naming the field and the value", "[cli][plan]") {
+  const json good = load_example("zero_offload_13b_v100");
+  const auto refused = [&](const char* section, const char* key, const json& value,
+                           const std::string& expected) {
+    json s = good;
+    s[section][key] = value;
+    INFO(section << "." << key << " = " << value.dump());
+    try {
+      (void)plan::size_plan(plan::parse_plan_spec(s.dump(), "spec.json"));
+      FAIL("accepted");
+    } catch (const tierflow::input_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(expected));
+    }
+  };
+  refused("model", "params", -13e9, "model.params: must be a whole number greater than 0");
+  refused("model", "params", 0, "'0'");
+  refused("model", "params", 2e15, "at most 1e+15");
+  refused("model", "params", "nan", "model.params: must be a number: '\"nan\"'");
+  refused("model", "layers", 2.5, "model.layers");
+  refused("model", "param_dtype", "int4", "model.param_dtype: must be fp32, bf16, fp16 or fp8");
+  refused("cluster", "hbm_gib", 0, "cluster.hbm_gib");
+  refused("cluster", "gpu_tflops", -1, "cluster.gpu_tflops");
+  refused("cluster", "nodes", 1e7, "cluster.nodes");
+  refused("cluster", "tiers", json::array(), "cluster.tiers");
+  refused("training", "sharding", "zero4", "training.sharding");
+  refused("training", "micro_batch", true, "training.micro_batch: must be a number");
+  refused("training", "tokens_per_step", 1000,
+          "training.tokens_per_step: must be a positive multiple");
+  refused("training", "offload", true, "unknown key \"offload\"");
+  refused("training", "offload_params", "yes", "training.offload_params: must be true or false");
+  json tier = good;
+  tier["cluster"]["tiers"][0]["read_gbps"] = 0;
+  CHECK_THROWS_WITH(plan::parse_plan_spec(tier.dump(), "f"),
+                    Catch::Contains("cluster.tiers[0].read_gbps"));
+  tier = good;
+  tier["cluster"]["tiers"].push_back(good["cluster"]["tiers"][0]);
+  CHECK_THROWS_WITH(plan::parse_plan_spec(tier.dump(), "f"), Catch::Contains("two tiers"));
+  json huge =
+      good;  // 10^6 nodes x 1024 GPUs x 4 x 10^8 tokens: more than 10^15 tokens per micro-step
+  huge["cluster"]["nodes"] = 1e6;
+  huge["cluster"]["gpus_per_node"] = 1024;
+  huge["training"]["seq_len"] = 1e8;
+  huge["training"].erase("tokens_per_step");
+  CHECK_THROWS_WITH(plan::size_plan(plan::parse_plan_spec(huge.dump(), "f")),
+                    Catch::Contains("training.micro_batch: ranks x micro_batch x seq_len"));
+  json missing = good;
+  missing["model"].erase("hidden");
+  CHECK_THROWS_WITH(plan::parse_plan_spec(missing.dump(), "f"),
+                    Catch::Contains("missing key \"hidden\""));
+  // A number beyond double (inf once parsed) is refused by the reader.
+  std::string text = good.dump();
+  text.replace(text.find("13000000000.0"), 13, "1e999");
+  CHECK_THROWS_WITH(plan::parse_plan_spec(text, "f"), Catch::Contains("out of range"));
+  // As the user sees it: one line naming the file and the field, exit code 2, no table.
+  json negative = good;
+  negative["model"]["params"] = -1;
+  check_one_line_error(plan_run(negative), "model.params");
+  tierflow::test::scratch_dir dir;
+  check_one_line_error(run_cli({"plan", "--spec", (dir.path() / "none.json").string()}),
+                       "cannot read");
+  check_one_line_error(run_cli({"plan", "--spec", example("dgx_h100_cxl_1t"), "--nodes", "0"}),
+                       "--nodes");
+}

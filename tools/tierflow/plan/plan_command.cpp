@@ -1,0 +1,161 @@
+// `tierflow plan`: sizes a training run on paper from a spec file (plan_spec.hpp), with the
+// model of plan_model.hpp; a table or JSON.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common/format.hpp"
+#include "plan/plan_model.hpp"
+#include "plan/plan_spec.hpp"
+
+namespace tierflow::cli {
+
+namespace {
+
+using nlohmann::json;
+using plan::plan_result;
+using plan::rank_bytes;
+
+struct plan_options {
+  std::string spec;
+  std::uint64_t nodes = 0;  // 0: the spec's
+  bool json = false;
+};
+
+// One declaration of the state kinds, for the table and the JSON.
+template <typename visit>
+void for_each_kind(const rank_bytes& b, visit v) {
+  v("weights", b.weights);
+  v("grads", b.grads);
+  v("master", b.master);
+  v("adam_m", b.adam_m);
+  v("adam_v", b.adam_v);
+  v("staging", b.staging);
+  v("activations", b.activations);
+}
+
+std::string bytes_text(double bytes) {
+  if (bytes <= 0) {
+    return "-";
+  }
+  return format_bytes(static_cast<std::uint64_t>(bytes));
+}
+
+json kinds_json(const rank_bytes& b) {
+  json j;
+  for_each_kind(b, [&](const char* name, double bytes) { j[name] = bytes; });
+  j["total"] = b.total();
+  return j;
+}
+
+json result_json(const plan::plan_spec& s, const plan_result& r) {
+  json j;
+  j["spec"] = s.name;
+  j["nodes"] = s.nodes;
+  j["ranks"] = r.ranks;
+  j["sharding"] = plan::to_string(s.shard);
+  j["memory"]["per_rank"] = {{"hbm", kinds_json(r.hbm)}, {"host", kinds_json(r.host)}};
+  j["memory"]["hbm_capacity_bytes"] = r.hbm_capacity_bytes;
+  j["memory"]["hbm_fits"] = r.hbm_fits;
+  for (const auto& t : r.tiers) {
+    j["memory"]["tiers"].push_back(
+        {{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"used_bytes", t.used_bytes}});
+  }
+  j["memory"]["host_fits"] = r.host_fits;
+  j["memory"]["spill"] = r.spill;
+  j["fits"] = r.fits();
+  for (const auto& st : r.stages) {
+    j["step"]["stages"].push_back({{"name", st.name},
+                                   {"scope", st.scope},
+                                   {"bytes", st.bytes},
+                                   {"rate", st.rate},
+                                   {"time_s", st.time_s}});
+  }
+  j["step"]["grad_accumulation"] = r.grad_accumulation;
+  j["step"]["tokens"] = r.tokens_per_step;
+  j["step"]["bound_s"] = r.step_bound_s;
+  j["step"]["serial_s"] = r.step_serial_s;
+  j["step"]["bottleneck"] = r.bottleneck;
+  j["step"]["tokens_per_s"] = r.tokens_per_s;
+  j["step"]["mfu"] = r.mfu;
+  j["advice"] = r.advice;
+  return j;
+}
+
+void print_memory(const plan::plan_spec& s, const plan_result& r) {
+  std::printf("tierflow plan: %s: %.4g params, %llu nodes x %llu GPUs (%llu ranks), %s%s%s\n\n",
+              s.name.c_str(), s.params, static_cast<unsigned long long>(s.nodes),
+              static_cast<unsigned long long>(s.gpus_per_node),
+              static_cast<unsigned long long>(r.ranks), plan::to_string(s.shard),
+              s.offload_optimizer ? ", optimizer offloaded" : "",
+              s.offload_params ? ", params offloaded" : "");
+  std::vector<std::vector<std::string>> rows;
+  for_each_kind(r.hbm, [&](const char* name, double) { rows.push_back({name}); });
+  std::size_t i = 0;
+  for_each_kind(r.hbm, [&](const char*, double b) { rows[i++].push_back(bytes_text(b)); });
+  i = 0;
+  for_each_kind(r.host, [&](const char*, double b) { rows[i++].push_back(bytes_text(b)); });
+  rows.push_back({"total", bytes_text(r.hbm.total()), bytes_text(r.host.total())});
+  std::printf("Bytes per rank\n%s", render_table({"state", "hbm", "host tiers"}, rows).c_str());
+  std::printf("HBM: %s of %s per GPU: %s\n", bytes_text(r.hbm.total()).c_str(),
+              bytes_text(r.hbm_capacity_bytes).c_str(), r.hbm_fits ? "fits" : "DOES NOT FIT");
+  rows.clear();
+  for (const auto& t : r.tiers) {
+    rows.push_back({t.name, bytes_text(t.capacity_bytes), bytes_text(t.used_bytes)});
+  }
+  std::printf("\nHost tiers per node, in spill order\n%s",
+              render_table({"tier", "capacity", "used"}, rows).c_str());
+  std::printf("host tiers: %s\n\n", r.host_fits ? "fit" : "DO NOT FIT");
+}
+
+void print_step(const plan_result& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& st : r.stages) {
+    const bool compute = st.name == "compute";
+    rows.push_back({st.name, st.scope, compute ? "-" : bytes_text(st.bytes),
+                    compute ? format_number(st.rate, 0) + " TFLOPS" : format_bandwidth(st.rate),
+                    format_number(st.time_s, 3), st.name == r.bottleneck ? "<- bound" : ""});
+  }
+  std::printf("Per step (%.4g tokens, %llu micro-batches per rank; GB/s = 10^9 B/s)\n%s",
+              r.tokens_per_step, static_cast<unsigned long long>(r.grad_accumulation),
+              render_table({"stage", "scope", "bytes", "rate", "time s", ""}, rows).c_str());
+  std::printf("step bound %.3f s (%s; serial %.3f s): %.4g tokens/s, MFU at most %.1f %%\n",
+              r.step_bound_s, r.bottleneck.c_str(), r.step_serial_s, r.tokens_per_s, 100.0 * r.mfu);
+  for (const auto& a : r.advice) {
+    std::printf("advice: %s\n", a.c_str());
+  }
+}
+
+int run_plan(const plan_options& o) {
+  plan::plan_spec s = plan::load_plan_spec(o.spec);
+  if (o.nodes > 0) {
+    s.nodes = o.nodes;
+  }
+  const plan_result r = plan::size_plan(s);
+  if (o.json) {
+    std::printf("%s\n", result_json(s, r).dump(2).c_str());
+  } else {
+    print_memory(s, r);
+    print_step(r);
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+action add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<plan_options>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Size a training run on paper: bytes per tier, per-step link bounds, bottleneck");
+  cmd->add_option("--spec", o->spec, "Spec file (JSON: model, cluster, training)")->required();
+  cmd->add_option("--nodes", o->nodes, "Node count instead of the spec's")
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000000}));
+  cmd->add_flag("--json", o->json, "Print JSON instead of tables");
+  return [o] { return run_plan(*o); };
+}
+
+}  // namespace tierflow::cli

@@ -1,0 +1,67 @@
+#pragma once
+// `tierflow plan`'s sizing model: bytes per rank and tier, bytes over each link per step, the
+// time bound of each stage and what would remove the bottleneck. Pure functions of a spec
+// (docs/cli/plan.md gives every formula).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "plan/plan_spec.hpp"
+
+namespace tierflow::cli::plan {
+
+/** @brief The state of one rank by kind, in bytes, in HBM and in the node's host tiers. */
+struct rank_bytes {
+  double weights = 0, grads = 0, master = 0, adam_m = 0, adam_v = 0, staging = 0, activations = 0;
+  [[nodiscard]] double total() const {
+    return weights + grads + master + adam_m + adam_v + staging + activations;
+  }
+};
+
+/** @brief A node tier's share of the host state after spilling, in order. */
+struct tier_use {
+  std::string name;
+  double capacity_bytes = 0;
+  double used_bytes = 0;
+};
+
+/** @brief One stage of a step: its bytes (or FLOPs for compute), rate and time bound. */
+struct stage_bound {
+  std::string name;   ///< compute, h2d, d2h, tier:<name>, network
+  std::string scope;  ///< "per GPU" or "per node"
+  double bytes = 0;   ///< bytes moved (0 for compute)
+  double rate = 0;    ///< GB/s (TFLOPS for compute)
+  double time_s = 0;
+};
+
+/** @brief Everything `tierflow plan` reports. */
+struct plan_result {
+  std::uint64_t ranks = 0;
+  std::uint64_t grad_accumulation = 0;
+  double tokens_per_step = 0;
+  rank_bytes hbm;                 ///< per rank
+  rank_bytes host;                ///< per rank, in the node's tiers
+  double hbm_capacity_bytes = 0;  ///< per GPU
+  bool hbm_fits = false;
+  std::vector<tier_use> tiers;  ///< per node
+  bool host_fits = false;
+  std::vector<std::string> spill;  ///< tiers holding state, in order
+  std::vector<stage_bound> stages;
+  double step_bound_s = 0;   ///< the slowest stage (perfect overlap)
+  double step_serial_s = 0;  ///< every stage one after another
+  std::string bottleneck;
+  double tokens_per_s = 0;
+  double mfu = 0;  ///< 6·Ψ·tokens / (step_bound · ranks · peak)
+  std::vector<std::string> advice;
+  [[nodiscard]] bool fits() const { return hbm_fits && host_fits; }
+};
+
+/**
+ * @brief Sizes @p s.
+ * @throws tierflow::input_error when tokens_per_step is not a multiple of one micro-step
+ *         (ranks × micro_batch × seq_len), or a derived quantity is not finite
+ */
+[[nodiscard]] plan_result size_plan(const plan_spec& s);
+
+}  // namespace tierflow::cli::plan

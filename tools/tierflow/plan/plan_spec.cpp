@@ -1,0 +1,275 @@
+// `tierflow plan`'s spec file (plan_spec.hpp): strict parsing, every field checked.
+#include "plan/plan_spec.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tierflow/error.hpp"
+
+namespace tierflow::cli::plan {
+
+namespace {
+
+using json = nlohmann::json;
+constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+// Every check throws through this: the file, the field, what is wrong, the value.
+class spec_checker {
+ public:
+  explicit spec_checker(const std::string& source) : source_(source) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& problem,
+                         const json* value = nullptr) const {
+    std::string text;
+    if (value != nullptr) {
+      text = value->dump(-1, ' ', true, json::error_handler_t::replace);
+    }
+    throw input_error(source_, where.empty() ? problem : where + ": " + problem, text);
+  }
+
+  const json& object(const json& parent, const std::string& where, const char* key,
+                     std::initializer_list<const char*> allowed) const {
+    const json& v = member(parent, where, key);
+    const std::string at = where.empty() ? key : where + "." + key;
+    if (!v.is_object()) {
+      fail(at, "must be an object", &v);
+    }
+    only_keys(v, at, allowed);
+    return v;
+  }
+
+  void only_keys(const json& object, const std::string& where,
+                 std::initializer_list<const char*> allowed) const {
+    for (const auto& [key, value] : object.items()) {
+      bool known = false;
+      for (const char* a : allowed) {
+        known = known || key == a;
+      }
+      if (!known) {
+        fail(where, "unknown key \"" + key + "\"");
+      }
+    }
+  }
+
+  const json& member(const json& object, const std::string& where, const char* key) const {
+    const auto it = object.find(key);
+    if (it == object.end()) {
+      fail(where, std::string("missing key \"") + key + "\"");
+    }
+    return *it;
+  }
+
+  // A number > 0 and ≤ @p max (finite: JSON has no nan or inf, but a literal like 1e999 is
+  // refused by the parser); @p integral: a whole number.
+  double number(const json& object, const std::string& where, const char* key, double max,
+                bool integral) const {
+    const json& v = member(object, where, key);
+    const std::string at = where + "." + key;
+    if (!v.is_number()) {
+      fail(at, "must be a number", &v);
+    }
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x <= 0 || x > max || (integral && std::floor(x) != x)) {
+      char range[96];
+      std::snprintf(range, sizeof range, "must be %s greater than 0 and at most %g",
+                    integral ? "a whole number" : "a number", max);
+      fail(at, range, &v);
+    }
+    return x;
+  }
+
+  std::uint64_t count(const json& object, const std::string& where, const char* key,
+                      double max) const {
+    return static_cast<std::uint64_t>(number(object, where, key, max, true));
+  }
+
+  bool flag(const json& object, const std::string& where, const char* key, bool fallback) const {
+    const auto it = object.find(key);
+    if (it == object.end()) {
+      return fallback;
+    }
+    if (!it->is_boolean()) {
+      fail(where + "." + key, "must be true or false", &*it);
+    }
+    return it->get<bool>();
+  }
+
+  std::string text(const json& object, const std::string& where, const char* key) const {
+    const json& v = member(object, where, key);
+    if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+      fail(where + "." + key, "must be a non-empty string", &v);
+    }
+    return v.get<std::string>();
+  }
+
+ private:
+  const std::string& source_;
+};
+
+double dtype_bytes(const json& object, const std::string& where, const char* key, double fallback,
+                   const spec_checker& check) {
+  const auto it = object.find(key);
+  if (it == object.end()) {
+    return fallback;
+  }
+  const std::string name = it->is_string() ? it->get<std::string>() : "";
+  if (name == "fp32") {
+    return 4;
+  }
+  if (name == "bf16" || name == "fp16") {
+    return 2;
+  }
+  if (name == "fp8") {
+    return 1;
+  }
+  check.fail(where + "." + key, "must be fp32, bf16, fp16 or fp8", &*it);
+}
+
+void parse_model(const json& doc, const spec_checker& check, plan_spec& s) {
+  const json& m = check.object(
+      doc, "", "model", {"params", "layers", "hidden", "param_dtype", "grad_dtype", "state_dtype"});
+  s.params = check.number(m, "model", "params", 1e15, true);
+  s.layers = check.count(m, "model", "layers", 1e6);
+  s.hidden = check.count(m, "model", "hidden", 1e7);
+  s.param_bytes = dtype_bytes(m, "model", "param_dtype", 2, check);
+  s.grad_bytes = dtype_bytes(m, "model", "grad_dtype", 2, check);
+  s.state_bytes = dtype_bytes(m, "model", "state_dtype", 4, check);
+}
+
+void parse_tiers(const json& c, const spec_checker& check, plan_spec& s) {
+  const json& tiers = check.member(c, "cluster", "tiers");
+  if (!tiers.is_array() || tiers.empty() || tiers.size() > 16) {
+    check.fail("cluster.tiers", "must be an array of 1 to 16 tiers");
+  }
+  for (std::size_t i = 0; i < tiers.size(); ++i) {
+    const std::string where = "cluster.tiers[" + std::to_string(i) + "]";
+    if (!tiers[i].is_object()) {
+      check.fail(where, "must be an object", &tiers[i]);
+    }
+    check.only_keys(tiers[i], where, {"name", "capacity_gib", "read_gbps", "write_gbps"});
+    tier_spec t;
+    t.name = check.text(tiers[i], where, "name");
+    for (const auto& other : s.tiers) {
+      if (other.name == t.name) {
+        check.fail(where + ".name", "two tiers are named \"" + t.name + "\"");
+      }
+    }
+    t.capacity_bytes = check.number(tiers[i], where, "capacity_gib", 1e9, false) * gib;
+    t.read_gbps = check.number(tiers[i], where, "read_gbps", 1e6, false);
+    t.write_gbps = check.number(tiers[i], where, "write_gbps", 1e6, false);
+    s.tiers.push_back(std::move(t));
+  }
+}
+
+void parse_cluster(const json& doc, const spec_checker& check, plan_spec& s) {
+  const json& c = check.object(doc, "", "cluster",
+                               {"nodes", "gpus_per_node", "hbm_gib", "gpu_tflops", "host_link_gbps",
+                                "network_gbps", "tiers"});
+  s.nodes = check.count(c, "cluster", "nodes", 1e6);
+  s.gpus_per_node = check.count(c, "cluster", "gpus_per_node", 1024);
+  s.hbm_bytes = check.number(c, "cluster", "hbm_gib", 1e6, false) * gib;
+  s.gpu_tflops = check.number(c, "cluster", "gpu_tflops", 1e6, false);
+  s.host_link_gbps = check.number(c, "cluster", "host_link_gbps", 1e6, false);
+  s.network_gbps = check.number(c, "cluster", "network_gbps", 1e6, false);
+  parse_tiers(c, check, s);
+}
+
+sharding parse_sharding(const json& t, const spec_checker& check) {
+  const json& v = check.member(t, "training", "sharding");
+  const std::string name = v.is_string() ? v.get<std::string>() : "";
+  for (auto s :
+       {sharding::none, sharding::zero1, sharding::zero2, sharding::zero3, sharding::fsdp}) {
+    if (name == to_string(s)) {
+      return s;
+    }
+  }
+  check.fail("training.sharding", "must be none, zero1, zero2, zero3 or fsdp", &v);
+}
+
+void parse_training(const json& doc, const spec_checker& check, plan_spec& s) {
+  const json& t =
+      check.object(doc, "", "training",
+                   {"sharding", "offload_optimizer", "offload_params", "micro_batch", "seq_len",
+                    "tokens_per_step", "recompute", "offload_activations", "layer_tiles"});
+  s.shard = parse_sharding(t, check);
+  s.offload_optimizer = check.flag(t, "training", "offload_optimizer", false);
+  s.offload_params = check.flag(t, "training", "offload_params", false);
+  s.recompute = check.flag(t, "training", "recompute", true);
+  s.offload_activations = check.flag(t, "training", "offload_activations", false);
+  if (s.offload_activations && !s.recompute) {
+    check.fail("training.offload_activations", "needs recompute (only checkpoints are offloaded)");
+  }
+  if (t.contains("layer_tiles")) {
+    s.layer_tiles = check.count(t, "training", "layer_tiles", 1e6);
+  }
+  s.micro_batch = check.count(t, "training", "micro_batch", 1e6);
+  s.seq_len = check.count(t, "training", "seq_len", 1e8);
+  if (t.contains("tokens_per_step")) {
+    s.tokens_per_step = check.number(t, "training", "tokens_per_step", 1e15, true);
+  }
+}
+
+}  // namespace
+
+const char* to_string(sharding s) {
+  switch (s) {
+    case sharding::none:
+      return "none";
+    case sharding::zero1:
+      return "zero1";
+    case sharding::zero2:
+      return "zero2";
+    case sharding::zero3:
+      return "zero3";
+    case sharding::fsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
+  const spec_checker check(source);
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    check.fail("", "not valid JSON at byte " + std::to_string(e.byte));
+  } catch (const json::exception&) {  // out_of_range: a number beyond double
+    check.fail("", "not valid JSON: a number out of range");
+  }
+  if (!doc.is_object()) {
+    check.fail("", "a spec is a JSON object with tierflow_plan_spec, model, cluster, training");
+  }
+  check.only_keys(doc, "",
+                  {"tierflow_plan_spec", "name", "source", "model", "cluster", "training"});
+  const json& version = check.member(doc, "", "tierflow_plan_spec");
+  if (!version.is_number_integer() || version.get<std::int64_t>() != 1) {
+    check.fail("tierflow_plan_spec", "unsupported version (this tierflow reads 1)", &version);
+  }
+  plan_spec s;
+  s.name = doc.contains("name") ? check.text(doc, "", "name") : source;
+  if (doc.contains("source")) {
+    (void)check.text(doc, "", "source");
+  }
+  parse_model(doc, check, s);
+  parse_cluster(doc, check, s);
+  parse_training(doc, check, s);
+  return s;
+}
+
+plan_spec load_plan_spec(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw input_error(path, "cannot read the spec file");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_plan_spec(text.str(), path);
+}
+
+}  // namespace tierflow::cli::plan

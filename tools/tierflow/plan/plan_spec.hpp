@@ -1,0 +1,69 @@
+#pragma once
+// The spec of `tierflow plan --spec FILE`: a model, a cluster and a training setup, parsed with
+// strict validation (every field named in its error). See docs/cli/plan.md.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tierflow::cli::plan {
+
+/** @brief How the training state is split across the data-parallel ranks. */
+enum class sharding { none, zero1, zero2, zero3, fsdp };
+
+/** @brief The name of @p s as the spec spells it. */
+const char* to_string(sharding s);
+
+/** @brief One memory tier of a node: capacity and its aggregate bandwidth. */
+struct tier_spec {
+  std::string name;
+  double capacity_bytes = 0;
+  double read_gbps = 0;   ///< GB/s = 10^9 B/s, the node's aggregate
+  double write_gbps = 0;  ///< GB/s
+};
+
+/** @brief A parsed spec; every number checked finite, positive and within its cap. */
+struct plan_spec {
+  std::string name;
+  // model
+  double params = 0;
+  std::uint64_t layers = 0;
+  std::uint64_t hidden = 0;
+  double param_bytes = 2;  ///< per element
+  double grad_bytes = 2;
+  double state_bytes = 4;
+  // cluster
+  std::uint64_t nodes = 0;
+  std::uint64_t gpus_per_node = 0;
+  double hbm_bytes = 0;
+  double gpu_tflops = 0;
+  double host_link_gbps = 0;     ///< per GPU, each direction
+  double network_gbps = 0;       ///< per node, each direction (unused with one node)
+  std::vector<tier_spec> tiers;  ///< in spill order
+  // training
+  sharding shard = sharding::none;
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  std::uint64_t micro_batch = 0;
+  std::uint64_t seq_len = 0;
+  double tokens_per_step = 0;        ///< a multiple of ranks × micro_batch × seq_len
+  bool recompute = true;             ///< activation checkpointing
+  bool offload_activations = false;  ///< the checkpoints live in the host tiers
+  std::uint64_t layer_tiles = 1;     ///< a layer is gathered and reduced in this many tiles
+};
+
+/**
+ * @brief Parses and checks a spec document.
+ * @param text the JSON text
+ * @param source where it came from (the path), the start of every error message
+ * @throws tierflow::input_error naming the field and the value: not JSON, an unknown version, a
+ *         missing, mistyped or unknown key, a number negative, zero, non-finite or above its cap,
+ *         an unknown dtype or sharding, tokens_per_step not a multiple of one micro-step
+ */
+[[nodiscard]] plan_spec parse_plan_spec(std::string_view text, const std::string& source);
+
+/** @brief Reads @p path and parses it. @throws tierflow::input_error, also when unreadable */
+[[nodiscard]] plan_spec load_plan_spec(const std::string& path);
+
+}  // namespace tierflow::cli::plan
