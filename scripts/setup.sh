@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tierflow builds and tests with (QEMU, busybox and cpio for the
 # multi-node VM test; clang 14 and its runtime for the fuzzers; torch and pytest for the Python
-# package's tests), when any is missing. Sourced by
+# package's tests; chromium to render the HTML reports in tests), when any is missing. Sourced by
 # scripts/main.sh and scripts/test.sh; needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -10,7 +10,7 @@ tierflow_packages=(
   libhwloc-dev libnuma-dev
   catch2 libcli11-dev nlohmann-json3-dev
   qemu-system-x86 busybox-static cpio python3 python3-torch python3-pytest
-  clang-14 libclang-rt-14-dev clang-format
+  clang-14 libclang-rt-14-dev clang-format chromium
 )
 
 tierflow_install_packages() {
