@@ -125,7 +125,9 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
     return result;
   }
   if (spec != nullptr) {
-    spec->settle(scalars);  // a speculative update with other scalars is restored, and redone
+    spec->settle(
+        scalars,
+        result.clip_coef < 1);  // a speculative update with other scalars is restored, and redone
   }
 
   // 3. Update each chunk in place, then send its params up while the next one updates.

@@ -96,8 +96,8 @@ void adam_speculation::speculate(std::size_t index) {
   const param_state& p = core_.param_of(c);
   const double sum = grad_sum_squares(core_.kernel, core_.host_grads(c), p.desc.dtype, c.count);
   core_.partial[index] = sum;
-  if (!std::isfinite(sum)) {
-    return;  // the step is skipped: nothing to update
+  if (!update_ || !std::isfinite(sum)) {
+    return;  // the last step clipped (this one likely does too), or this one is skipped
   }
   auto* backup = static_cast<float*>(backup_[c.slot].data());
   const std::size_t n = p.desc.elements;
@@ -142,7 +142,8 @@ void adam_speculation::wait() {
   }
 }
 
-void adam_speculation::settle(const std::vector<adam_scalars>& scalars) {
+void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool clipped) {
+  update_ = !clipped;
   bool rolled_back = false;
   for (const auto& c : core_.chunks) {
     if (updated(c.index) &&

@@ -44,8 +44,10 @@ class adam_speculation {
    *  speculation and rethrows (a device_error or device_timeout). */
   void wait();
   /** With the step's true scalars (per slot): keeps each speculative update made with the
-   *  same scalars, restores the others. */
-  void settle(const std::vector<adam_scalars>& scalars);
+   *  same scalars, restores the others. @p clipped: the clip fired this step; the next step
+   *  then speculates only the grads' copy and norm, not the update (a clip that fires on
+   *  every step would otherwise restore and redo every update). */
+  void settle(const std::vector<adam_scalars>& scalars, bool clipped);
   /** Restores every speculatively updated chunk (a skipped or failed step). */
   void roll_back_all() noexcept;
   /** Forgets this step's announcements (after the step, or a failure). */
@@ -71,6 +73,7 @@ class adam_speculation {
   std::vector<char> announced_;                      // per chunk (caller's threads)
   std::vector<char> updated_;                        // per chunk (workers, then step())
   bool any_ = false;
+  bool update_ = true;  // speculate updates this step (no clip in the last one)
 };
 
 }  // namespace tierflow::detail
