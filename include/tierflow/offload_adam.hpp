@@ -65,6 +65,17 @@ enum class adam_mode {
 /** @brief The mode named @p text (`cpu`, `streamed`, `auto`), or nullopt. */
 [[nodiscard]] std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept;
 
+/** @brief What the optimizer's step may overlap with (see offload_adam::grad_ready()). */
+enum class adam_overlap {
+  none,     ///< the step starts in step(), after the backward pass
+  backward  ///< grad_ready() starts a param's update (speculatively) during the backward pass
+};
+
+/** @brief `none`, `backward`. */
+[[nodiscard]] std::string_view to_string(adam_overlap overlap) noexcept;
+/** @brief The overlap named @p text (`none`, `backward`), or nullopt. */
+[[nodiscard]] std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept;
+
 /** @brief How weight decay is applied. */
 enum class weight_decay_mode {
   decoupled,  ///< AdamW: p *= 1 - lr * weight_decay before the update
@@ -142,6 +153,12 @@ struct adam_options {
    * it first. Once the step has started changing the state it runs to its end. 0: wait
    * forever. Finite and >= 0. */
   double device_timeout_s = 0.0;
+  /** `backward` (cpu mode): grad_ready() starts each param's update while the backward pass
+   * goes on, at the price of a pre-update copy of the state (adam_metrics::rollback_bytes,
+   * 12 B per element, in the placement's optimizer_state tiers). In streamed mode grad_ready()
+   * is accepted and does nothing (the step streams the state in step()). Default `none`: the
+   * copy doubles the state's memory, and only a caller that calls grad_ready() gains. */
+  adam_overlap overlap = adam_overlap::none;
 };
 
 /** @brief A step() that a device failure interrupted, and what became of the step. */
@@ -195,6 +212,12 @@ struct adam_metrics {
   std::uint64_t hbm_staging_peak_bytes = 0;  ///< streamed mode: most HBM its chunks held; cpu: 0
   /** @brief streamed mode: HBM held by the undo ring, beside the staging budget; cpu: 0 */
   std::uint64_t hbm_undo_bytes = 0;
+  adam_overlap overlap = adam_overlap::none;
+  /** @brief overlap backward: the pre-update copy of the state (in tiers), else 0 */
+  std::uint64_t rollback_bytes = 0;
+  std::uint64_t speculative_steps = 0;   ///< steps that found work started by grad_ready()
+  std::uint64_t rollbacks = 0;           ///< steps that restored a speculative update
+  std::uint64_t rolled_back_chunks = 0;  ///< chunks restored, over every step
   /** @brief `{"schema_version":1,"adam":{...}}` (keys in docs/offload-adam.md). */
   [[nodiscard]] std::string to_json() const;
 };
@@ -205,7 +228,7 @@ struct adam_metrics {
  * Construction copies the device params once (D2H) into the fp32 master weights, with zero
  * moments. step() returns when the device params hold the update; it orders itself after the
  * work enqueued on the device's compute stream so far (the backward pass that made the grads).
- * Not thread-safe: drive it from one thread.
+ * Not thread-safe: drive it from one thread (grad_ready() excepted, see there).
  */
 class offload_adam {
  public:
@@ -241,6 +264,25 @@ class offload_adam {
   adam_step_result step();
 
   /**
+   * @brief Says that param @p param of group @p group has its final grad for the next step()
+   * (overlap backward): its grads copy, its share of the norm and its update, scaled as if
+   * no clipping applied, start on the workers while the caller's backward pass goes on
+   * (after the work enqueued on the compute stream so far). step() keeps the update when no
+   * clip applies and every grad is finite, and else restores the param's state from a copy
+   * made before the update and redoes it (or skips the step): the result is bit for bit the
+   * plain step's. A param not announced is handled by step() as usual; a second announcement
+   * in one step is ignored. A no-op with overlap none or in streamed mode. Thread-safe
+   * against other grad_ready() calls (a framework's autograd threads), not against the
+   * other members; between grad_ready() and step(), the calls that read or replace the state
+   * (master_weights(), set_state(), save(), ...) restore it first and the step starts over.
+   * @throws tierflow::error out of range, for a param without a grad (set_grad(nullptr)), or
+   *         while a failed step is pending
+   */
+  void grad_ready(std::size_t group, std::size_t param);
+  /** @brief set_grad(@p group, @p param, @p grad) (non-null), then grad_ready(). */
+  void grad_ready(std::size_t group, std::size_t param, const void* grad);
+
+  /**
    * @brief Re-sends the params from the master weights when a failed call left the device
    * params behind them (no-op otherwise). Call it before a forward pass that must not see
    * stale params; step() does it by itself.
@@ -270,8 +312,9 @@ class offload_adam {
    * reallocate grads between steps): a device pointer as adam_param::grad, or nullptr: the
    * param has no grad, and steps leave it alone (its master weights, moments, step count and
    * device param), as torch.optim does for a param whose grad is None.
-   * @throws tierflow::error out of range, or while a failed step is pending (it completes
-   *         from the grads it started with)
+   * @throws tierflow::error out of range, while a failed step is pending (it completes
+   *         from the grads it started with), or for a param announced by grad_ready() this
+   *         step when @p grad is another pointer
    */
   void set_grad(std::size_t group, std::size_t param, const void* grad);
 

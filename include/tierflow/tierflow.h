@@ -86,6 +86,9 @@ typedef struct tf_adam_options {
   /* A placement spec, as TIERFLOW_PLACEMENT takes (e.g.
    * "optimizer_state=cxl,dram;master_params=dram"); NULL: TIERFLOW_PLACEMENT, else the defaults. */
   const char* placement;
+  /* 0: none; 1: backward, tf_adam_grad_ready starts each param's update during the backward
+   * pass (cpu mode; it costs a pre-update copy of the state, 12 B per element). */
+  int overlap;
 } tf_adam_options;
 
 typedef struct tf_device tf_device;
@@ -168,6 +171,16 @@ tf_status tf_adam_param_elements(const tf_adam* adam, size_t index, size_t* out)
 tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count, void* stream,
                           int* applied, double* grad_norm);
 
+/* With options.overlap = 1: param `index`'s grad is final for the next step (a framework's
+ * post-accumulate-grad hook calls it during the backward pass). grad: its device pointer (NULL:
+ * the one it has). stream: the caller's stream, as in tf_adam_step_on: the grad's copy waits for
+ * the work enqueued on it so far. Returns at once; the grad's copy, its share of the norm and its
+ * update (as if no clipping applied) run on the optimizer's threads, and the next tf_adam_step*
+ * finishes them and keeps each update or rolls it back: the result is bit for bit the plain
+ * step's. A param not announced is handled by the step as usual. A no-op with overlap 0 or in
+ * streamed mode. Thread-safe against other tf_adam_grad_ready calls on the optimizer, not
+ * against its other calls. */
+tf_status tf_adam_grad_ready(tf_adam* adam, size_t index, const void* grad, void* stream);
 /* Copies param `index`'s state into the caller's buffers (each `elements` floats; any may be
  * NULL: not copied): the fp32 master weights, exp_avg (m) and exp_avg_sq (v); *step (may be
  * NULL) gets the steps applied to this param. */

@@ -161,6 +161,7 @@ void tf_adam_options_default(tf_adam_options* options) {
   options->loss_scale = 1;
   options->device_timeout_s = 0;
   options->placement = nullptr;
+  options->overlap = 0;
 }
 
 tf_status tf_device_open(const char* spec, tf_device** out) {
@@ -273,6 +274,12 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       o.max_grad_norm = options->max_grad_norm;
       o.loss_scale = options->loss_scale;
       o.device_timeout_s = options->device_timeout_s;
+      if (options->overlap != 0 && options->overlap != 1) {
+        throw tierflow::error("options->overlap must be 0 (none) or 1 (backward), not " +
+                              std::to_string(options->overlap));
+      }
+      o.overlap =
+          options->overlap == 1 ? tierflow::adam_overlap::backward : tierflow::adam_overlap::none;
     }
     a->dev = device->dev.get();
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
@@ -415,6 +422,19 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
     // The params were written on the compute stream (streamed mode) or the h2d stream.
     dev.native_after_stream(stream, dev.compute_stream());
     dev.native_after_stream(stream, dev.h2d_stream());
+  });
+}
+
+tf_status tf_adam_grad_ready(tf_adam* adam, size_t index, const void* grad, void* stream) {
+  return guarded("tf_adam_grad_ready", [&] {
+    need(adam, "adam");
+    const auto [g, i] = param_at(adam, index);
+    adam->dev->stream_after_native(adam->dev->compute_stream(), stream);
+    if (grad != nullptr) {
+      adam->opt->grad_ready(g, i, grad);
+    } else {
+      adam->opt->grad_ready(g, i);
+    }
   });
 }
 

@@ -7,6 +7,9 @@
 //   3. with the norm known (and finite), the workers update each chunk in place, convert it
 //      to the param dtype into a pinned ring slot and enqueue its H2D: the copy of one chunk
 //      overlaps the update of the next.
+// With overlap = backward, adam_speculation did steps 1 and 2, and step 3's update, for the
+// params announced by grad_ready(); run() finishes that work first and keeps or restores each
+// chunk's update (adam_speculation.hpp).
 // The state changes only once every grad has landed, so a failed grads copy leaves it
 // untouched; a failed params upload comes after the state has stepped, so the step counts as
 // applied and the params are re-sent before the next use (params_stale).
@@ -17,6 +20,8 @@
 #include <iterator>
 #include <string>
 #include <thread>
+
+#include "optim/adam_speculation.hpp"
 
 namespace tierflow::detail {
 
@@ -76,29 +81,61 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   stream& h2d = core_.dev.h2d_stream();
   const auto grads_start = clock_type::now();
   const step_deadline deadline = deadline_after(core_.options.device_timeout_s);
+  // What grad_ready() started (overlap = backward): its copies, sums and updates, finished
+  // first; on a failure it has restored every chunk it updated.
+  adam_speculation* const spec =
+      speculation_ != nullptr && speculation_->any() ? speculation_ : nullptr;
+  if (spec != nullptr) {
+    try {
+      spec->wait();
+    } catch (...) {
+      grads_failed(std::current_exception());
+    }
+  }
+  const auto summed = [spec](std::size_t index) { return spec != nullptr && spec->summed(index); };
+  const auto drop_speculation = [spec] {
+    if (spec != nullptr) {
+      spec->roll_back_all();
+      spec->end_step();
+    }
+  };
 
   // 1. Grads down, chunk by chunk, after the work that made them.
   core_.dev.compute_stream().record(*core_.compute_done);
   d2h.wait(*core_.compute_done);
   for (const auto& c : core_.chunks) {
-    if (!core_.active(c)) {
-      continue;  // no grad this step: not read, and left alone
+    if (!core_.active(c) || summed(c.index)) {
+      continue;  // no grad this step (not read, and left alone), or already down
     }
     const std::size_t bytes = core_.copy_grads_down(c, d2h);
     d2h.record(*core_.chunk_events[c.index]);
     core_.totals.bytes_d2h += bytes;
   }
   // 2. Σ g² per chunk as each lands.
-  sum_grads(deadline);
+  try {
+    sum_grads(deadline);
+  } catch (...) {
+    drop_speculation();
+    throw;
+  }
   core_.totals.grad_seconds += seconds_since(grads_start);
   std::vector<adam_scalars> scalars;
   if (!core_.judge_grads(result, scalars)) {
+    drop_speculation();
     return result;
+  }
+  if (spec != nullptr) {
+    spec->settle(
+        scalars,
+        result.clip_coef < 1);  // a speculative update with other scalars is restored, and redone
   }
 
   // 3. Update each chunk in place, then send its params up while the next one updates.
   const auto update_start = clock_type::now();
   update_and_upload(h2d, scalars);
+  if (spec != nullptr) {
+    spec->end_step();
+  }
   core_.totals.update_seconds += seconds_since(update_start);
   core_.count_step();
   result.applied = true;
@@ -111,6 +148,18 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   return result;
 }
 
+// A failure of the grads or of the work before them, as the step's error.
+void adam_cpu_step::grads_failed(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const device_timeout& e) {
+    // The work stays queued (the next step's copies run after it): nothing to settle.
+    throw core_.timed_out("cpu", e);
+  } catch (const device_error& e) {
+    throw core_.failed_before_update("cpu", "copying the grads to the host", e);
+  }
+}
+
 // The workers of each node's pool sum the squares of its chunks' grads as each lands.
 // @throws adam_step_error (not_applied) when the grads or the work before them failed
 void adam_cpu_step::sum_grads(const step_deadline& deadline) {
@@ -119,6 +168,9 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
     if (!core_.active(c)) {
       core_.partial[index] = 0;
       return;
+    }
+    if (speculation_ != nullptr && speculation_->summed(index)) {
+      return;  // summed by the speculation
     }
     await(*core_.chunk_events[index], deadline,
           "the grads (the work that makes them, then their copy)");
@@ -140,14 +192,7 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
     }
   }
   if (failure) {
-    try {
-      std::rethrow_exception(failure);
-    } catch (const device_timeout& e) {
-      // The work stays queued (the next step's copies run after it): nothing to settle.
-      throw core_.timed_out("cpu", e);
-    } catch (const device_error& e) {
-      throw core_.failed_before_update("cpu", "copying the grads to the host", e);
-    }
+    grads_failed(failure);
   }
 }
 
@@ -157,7 +202,9 @@ void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalar
     if (!core_.active(c)) {
       return;
     }
-    core_.update_on_host(c, scalars[c.slot]);
+    if (speculation_ == nullptr || !speculation_->updated(index)) {
+      core_.update_on_host(c, scalars[c.slot]);
+    }
     upload_chunk(h2d, c, slot_hint);
   };
   std::vector<std::size_t> turns(threads_, 0);  // each worker's own count

@@ -7,6 +7,7 @@
 //   adam_cpu_step     cpu mode: grads D2H, norm and update on workers near the state, params H2D
 //   adam_streamed_step  streamed mode: norm pass on the device, the state streamed through HBM
 //   adam_undo_ring    streamed mode's pre-step snapshots in HBM
+//   adam_speculation  overlap backward: grad_ready()'s speculative update, kept or restored
 //   adam_recovery     re-sending stale params; streamed mode's roll-back, roll-forward and
 //                     pending step
 // All or nothing: docs/reliability.md.
@@ -25,6 +26,7 @@
 #include "optim/adam_internal.hpp"
 #include "optim/adam_mode_choice.hpp"
 #include "optim/adam_recovery.hpp"
+#include "optim/adam_speculation.hpp"
 #include "optim/adam_streamed_step.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/log.hpp"
@@ -74,6 +76,19 @@ std::string_view to_string(adam_step_error::outcome outcome) noexcept {
       return "pending";
   }
   return "unknown";
+}
+
+std::string_view to_string(adam_overlap overlap) noexcept {
+  return overlap == adam_overlap::backward ? "backward" : "none";
+}
+
+std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept {
+  for (adam_overlap overlap : {adam_overlap::none, adam_overlap::backward}) {
+    if (text == to_string(overlap)) {
+      return overlap;
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept {
@@ -145,11 +160,21 @@ struct offload_adam::impl {
   // The mode's unit: one of them is made, after the core's state.
   std::unique_ptr<detail::adam_cpu_step> cpu;
   std::unique_ptr<detail::adam_streamed_step> streamed;
+  std::unique_ptr<detail::adam_speculation> speculation;  // overlap backward, cpu mode
 
   impl(device& d, adam_options o, placement_policy& p) : core(d, std::move(o), p) {}
-  // The device idle and the host memory unregistered before the units (the undo ring's HBM,
-  // the workers, the upload ring) and then the state are freed.
-  ~impl() { core.shut_down(); }
+  // The speculation's work done, the device idle and the host memory unregistered before the
+  // units (the undo ring's HBM, the workers, the upload ring) and then the state are freed.
+  ~impl() {
+    cancel_speculation();
+    core.shut_down();
+  }
+  // Restores what grad_ready() updated, before a call that reads or replaces the state.
+  void cancel_speculation() noexcept {
+    if (speculation) {
+      speculation->cancel();
+    }
+  }
 
   void validate(const std::vector<adam_group>& in) const;
   void allocate_state(std::vector<adam_group>& in);
@@ -180,6 +205,9 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) const {
     if (!std::isfinite(rate) || rate < 0) {
       throw error("offload_adam: measured rates must be finite and >= 0 (0: unknown)");
     }
+  }
+  if (options.overlap != adam_overlap::none && options.overlap != adam_overlap::backward) {
+    throw error("offload_adam: unknown overlap");
   }
   if (!std::isfinite(options.device_timeout_s) || options.device_timeout_s < 0) {
     throw error("offload_adam: device_timeout_s must be finite and >= 0 (0: wait forever), not " +
@@ -343,12 +371,18 @@ offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_opt
   if (core.mode == adam_mode::cpu) {
     s.cpu = std::make_unique<detail::adam_cpu_step>(core);
     s.cpu->start();
+    if (core.options.overlap == adam_overlap::backward) {
+      s.speculation = std::make_unique<detail::adam_speculation>(core, s.cpu->pools());
+      s.speculation->allocate();
+      s.cpu->set_speculation(s.speculation.get());
+    }
   } else {
     core.totals.threads = 0;
     s.streamed = std::make_unique<detail::adam_streamed_step>(core);
     s.streamed->build();
   }
   core.totals.mode = core.mode;
+  core.totals.overlap = core.options.overlap;
   core.totals.mode_reason = core.mode_reason;
   core.totals.kernel = core.kernel;
   detail::log(log_level::info, "offload_adam: " + std::to_string(core.total_elements) +
@@ -374,6 +408,7 @@ adam_step_result offload_adam::step() {
                                            : s.streamed->run(std::move(result));
     }
   } catch (const adam_step_error& e) {
+    s.cancel_speculation();  // a failure before the cpu step ran: restore what grad_ready() did
     core.totals.steps += e.applied() ? 1 : 0;
     core.totals.step_seconds_total += seconds_since(start);
     detail::log(log_level::warning, e.what());
@@ -443,10 +478,32 @@ void offload_adam::set_grad(std::size_t group, std::size_t param, const void* gr
   impl_->core.param_at(group, param);
   impl_->refuse_while_pending("set_grad");
   detail::param_state& p = impl_->core.groups[group].params[param];
+  if (impl_->speculation && impl_->speculation->announced(group, param) && grad != p.desc.grad) {
+    throw error("offload_adam::set_grad: '" + p.desc.name +
+                "' was announced by grad_ready() for this step; its grad cannot change now");
+  }
   p.active = grad != nullptr;
   if (grad != nullptr) {
     p.desc.grad = grad;
   }
+}
+
+void offload_adam::grad_ready(std::size_t group, std::size_t param) {
+  const detail::param_state& p = impl_->core.param_at(group, param);
+  impl_->refuse_while_pending("grad_ready");
+  if (!p.active) {
+    throw error("offload_adam::grad_ready: '" + p.desc.name +
+                "' has no grad this step (set_grad(nullptr)); give one with set_grad() first");
+  }
+  if (impl_->speculation) {
+    impl_->speculation->grad_ready(group, param);
+  }
+}
+
+void offload_adam::grad_ready(std::size_t group, std::size_t param, const void* grad) {
+  TIERFLOW_EXPECTS(grad != nullptr, "offload_adam::grad_ready: the grad pointer is null");
+  set_grad(group, param, grad);
+  grad_ready(group, param);
 }
 
 void offload_adam::set_state(std::size_t group, std::size_t param, const float* master,
@@ -471,6 +528,7 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
   check(master, "master", false);
   check(exp_avg, "exp_avg", false);
   check(exp_avg_sq, "exp_avg_sq", true);
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   const std::size_t bytes = elements * sizeof(float);
   if (master != nullptr) {
@@ -491,6 +549,7 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
 void offload_adam::refresh_master(std::size_t group, std::size_t param) {
   const detail::param_state& p = impl_->core.param_at(group, param);
   impl_->refuse_while_pending("refresh_master");
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   impl_->read_params(p);
 }
@@ -516,11 +575,13 @@ void offload_adam::save(const std::filesystem::path& path) const {
     throw error("offload_adam::save: " + path.string() +
                 ": a failed step is pending (half done); step() completes it first");
   }
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   detail::save_checkpoint(path, impl_->core.groups, impl_->core.options.chunk_elements);
 }
 
 void offload_adam::load(const std::filesystem::path& path) {
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   detail::load_checkpoint(path, impl_->core.groups);
   if (impl_->streamed) {
@@ -580,18 +641,21 @@ std::vector<float> copy_of(const float* p, std::size_t n) {
 
 std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t param) const {
   const auto& p = impl_->core.param_at(group, param);
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   return copy_of(p.master_p(), p.desc.elements);
 }
 
 std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) const {
   const auto& p = impl_->core.param_at(group, param);
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   return copy_of(p.moments_m(), p.desc.elements);
 }
 
 std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param) const {
   const auto& p = impl_->core.param_at(group, param);
+  impl_->cancel_speculation();
   impl_->core.flush_state();
   return copy_of(p.moments_v(), p.desc.elements);
 }
@@ -610,6 +674,9 @@ std::string adam_metrics::to_json() const {
   w.key("state_bytes").value(state_bytes);
   w.key("hbm_staging_peak_bytes").value(hbm_staging_peak_bytes);
   w.key("hbm_undo_bytes").value(hbm_undo_bytes);
+  w.key("overlap").value(to_string(overlap)).key("rollback_bytes").value(rollback_bytes);
+  w.key("speculative_steps").value(speculative_steps).key("rollbacks").value(rollbacks);
+  w.key("rolled_back_chunks").value(rolled_back_chunks);
   w.end_object().end_object();
   return w.str();
 }

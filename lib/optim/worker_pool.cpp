@@ -41,7 +41,12 @@ void worker_pool::start(std::size_t tasks, std::function<void(std::size_t, std::
   next_ = 0;
   finished_ = 0;
   failure_ = nullptr;
-  ++generation_;
+  start_cv_.notify_all();
+}
+
+void worker_pool::extend(std::size_t more) {
+  const std::lock_guard lock(mutex_);
+  tasks_ += more;
   start_cv_.notify_all();
 }
 
@@ -61,10 +66,10 @@ void worker_pool::work(std::size_t worker, int node) {
   if (node >= 0) {
     (void)platform::run_on_node(node);  // best effort: an unpinned worker still computes right
   }
-  std::size_t seen = 0;
   std::unique_lock lock(mutex_);
   for (;;) {
-    start_cv_.wait(lock, [&] { return stopping_ || (generation_ != seen && next_ < tasks_); });
+    // A batch may grow while it runs (extend()), so a worker looks for tasks, not batches.
+    start_cv_.wait(lock, [&] { return stopping_ || next_ < tasks_; });
     if (stopping_) {
       return;
     }
@@ -85,7 +90,6 @@ void worker_pool::work(std::size_t worker, int node) {
         done_cv_.notify_all();
       }
     }
-    seen = generation_;
   }
 }
 

@@ -24,6 +24,9 @@ class worker_pool {
   /** Starts task(i, worker) for every i in [0, tasks), each once, on the workers; tasks are
    *  taken in increasing i. Returns at once; wait() ends the batch. One batch at a time. */
   void start(std::size_t tasks, std::function<void(std::size_t task, std::size_t worker)> fn);
+  /** Adds @p more tasks to the batch in progress (numbered on from the last); the workers take
+   *  them as they come. Called by the thread that drives the batch (start, extend, wait). */
+  void extend(std::size_t more);
   /** Waits for the batch; rethrows the first exception a task threw (the others still ran). */
   void wait();
   /** start() then wait(). */
@@ -44,7 +47,6 @@ class worker_pool {
   std::size_t tasks_ = 0;
   std::size_t next_ = 0;
   std::size_t finished_ = 0;
-  std::size_t generation_ = 0;
   bool stopping_ = false;
   std::exception_ptr failure_;
   std::vector<std::thread> threads_;

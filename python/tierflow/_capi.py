@@ -122,6 +122,7 @@ class AdamOptions(Structure):
         ("loss_scale", c_double),
         ("device_timeout_s", c_double),
         ("placement", c_char_p),
+        ("overlap", c_int),  # mirrors tf_adam_options (tf_adam_options_default writes it)
     ]
 
 

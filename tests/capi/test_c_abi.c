@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   tf_adam_options_default(&options);
   options.mode = TF_ADAM_CPU;
   options.chunk_elements = 256;
+  options.overlap = 1; /* odd steps announce their grads with tf_adam_grad_ready */
   tf_adam_param params[2] = {
       {"w0", dev_p[0], dev_g[0], TF_DTYPE_F32, N0, 0, 0},
       {"w1", dev_p[1], dev_g[1], TF_DTYPE_F32, N1, 0, 0},
@@ -148,6 +149,9 @@ int main(int argc, char** argv) {
       }
       CHECK(tf_device_copy(dev, dev_g[i], host_g[i], sizes[i] * sizeof(float), TF_COPY_H2D) ==
             TF_OK);
+      if (t % 2 == 1) { /* as a backward pass would: each grad final in turn */
+        CHECK(tf_adam_grad_ready(adam, (size_t)i, i == 0 ? NULL : dev_g[i], NULL) == TF_OK);
+      }
     }
     int applied = 0;
     double norm = 0;
@@ -157,6 +161,9 @@ int main(int argc, char** argv) {
   }
   unsigned long long count = 0;
   CHECK(tf_adam_step_count(adam, 0, &count) == TF_OK && count == STEPS);
+  CHECK(tf_adam_grad_ready(adam, 2, NULL, NULL) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "out of range") != NULL);
+  CHECK(tf_adam_grad_ready(NULL, 0, NULL, NULL) == TF_ERR_INVALID_ARGUMENT);
   int current = -1;
   CHECK(tf_adam_sync_params(adam, &current) == TF_OK && current == 1);
   CHECK(tf_adam_sync_params(NULL, &current) == TF_ERR_INVALID_ARGUMENT);
@@ -190,6 +197,8 @@ int main(int argc, char** argv) {
   CHECK(tf_adam_metrics_json(adam, json, needed, NULL) == TF_OK);
   CHECK(strstr(json, "\"steps\":5") != NULL);
   CHECK(strstr(json, "\"skipped_steps\":1") != NULL);
+  CHECK(strstr(json, "\"overlap\":\"backward\"") != NULL);
+  CHECK(strstr(json, "\"speculative_steps\":0") == NULL); /* the odd steps speculated */
   free(json);
 
   /* Save, spoil the params, load: back to the saved state. */

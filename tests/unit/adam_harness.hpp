@@ -251,6 +251,8 @@ class adam_rig {
   [[nodiscard]] emulated_device& dev() { return *dev_; }
   [[nodiscard]] offload_adam& opt() { return *opt_; }
   [[nodiscard]] const adam_plan& plan() const { return plan_; }
+  /** Param @p i of group @p g's grad (device memory; host-addressable on the emulated device). */
+  [[nodiscard]] void* grad(std::size_t g, std::size_t i) const { return tensors_[g][i].grad; }
 
   /** Writes the grads of step @p step (0-based), the same for every rig of this plan. */
   void set_grads(std::uint64_t step) {

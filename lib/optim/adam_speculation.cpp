@@ -1,0 +1,196 @@
+// The speculative step (see adam_speculation.hpp). Threads: grad_ready() runs on the caller's
+// threads under mutex_, writes a chunk's announced_, deadline_ and queue_ entries and the
+// param's scalars_, then hands the chunk to a pool (extend() takes the pool's lock, which
+// orders those writes before the worker's reads). A worker writes only its chunk's partial
+// sum, updated_ flag and state; step() reads them after wait() (the pool's lock again).
+#include "optim/adam_speculation.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+
+#include "tierflow/log.hpp"
+
+namespace tierflow::detail {
+
+void adam_speculation::allocate() {
+  std::size_t slots = 0;
+  for (const auto& g : core_.groups) {
+    slots += g.params.size();
+  }
+  chunks_of_.resize(slots);
+  scalars_.resize(slots);
+  for (const auto& g : core_.groups) {
+    for (const auto& p : g.params) {
+      param_by_slot_.push_back(&p);
+      backup_.push_back(core_.placement.allocate(data_class::optimizer_state,
+                                                 3 * p.desc.elements * sizeof(float)));
+      core_.totals.rollback_bytes += backup_.back().size();
+    }
+  }
+  for (const auto& c : core_.chunks) {
+    chunks_of_[c.slot].push_back(c.index);
+    queue_[c.node].push_back(0);  // room for every chunk of the node: never reallocated
+    queued_[c.node] = 0;
+  }
+  deadline_.resize(core_.chunks.size());
+  announced_.assign(core_.chunks.size(), 0);
+  updated_.assign(core_.chunks.size(), 0);
+}
+
+bool adam_speculation::announced(std::size_t group, std::size_t param) const {
+  if (!any_) {
+    return false;
+  }
+  for (const auto& c : core_.chunks) {
+    if (c.group == group && c.param == param) {
+      return announced_[c.index] != 0;
+    }
+  }
+  return false;
+}
+
+void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
+  const std::lock_guard lock(mutex_);
+  const param_state& p = core_.groups[group].params[param];
+  std::size_t slot = 0;
+  for (std::size_t g = 0; g < group; ++g) {
+    slot += core_.groups[g].params.size();
+  }
+  slot += param;
+  const std::vector<std::size_t>& chunks = chunks_of_[slot];
+  if (announced_[chunks.front()] != 0) {
+    return;  // announced twice: the first announcement holds
+  }
+  if (!any_) {
+    for (auto& [node, pool] : pools_) {
+      queued_[node] = 0;
+      pool->start(
+          0, [this, node = node](std::size_t task, std::size_t) { speculate(queue_[node][task]); });
+    }
+    any_ = true;
+  }
+  // As if no clipping applied: the step keeps the update only when its scalars are these.
+  scalars_[slot] = core_.scalars_for(core_.groups[group], p, 1.0 / core_.options.loss_scale);
+  stream& d2h = core_.dev.d2h_stream();
+  core_.dev.compute_stream().record(*core_.compute_done);
+  d2h.wait(*core_.compute_done);
+  const step_deadline deadline = deadline_after(core_.options.device_timeout_s);
+  for (const std::size_t index : chunks) {
+    const chunk_ref& c = core_.chunks[index];
+    core_.totals.bytes_d2h += core_.copy_grads_down(c, d2h);
+    d2h.record(*core_.chunk_events[index]);
+    announced_[index] = 1;
+    deadline_[index] = deadline;
+    queue_[c.node][queued_[c.node]++] = index;
+    pools_.at(c.node)->extend(1);
+  }
+}
+
+// On a worker: the chunk's Σ g² once its grads landed and, when finite, its update after a
+// copy of its state into the backup.
+void adam_speculation::speculate(std::size_t index) {
+  const chunk_ref& c = core_.chunks[index];
+  await(*core_.chunk_events[index], deadline_[index],
+        "the grads (the work that makes them, then their copy)");
+  const param_state& p = core_.param_of(c);
+  const double sum = grad_sum_squares(core_.kernel, core_.host_grads(c), p.desc.dtype, c.count);
+  core_.partial[index] = sum;
+  if (!update_ || !std::isfinite(sum)) {
+    return;  // the last step clipped (this one likely does too), or this one is skipped
+  }
+  auto* backup = static_cast<float*>(backup_[c.slot].data());
+  const std::size_t n = p.desc.elements;
+  const std::size_t bytes = c.count * sizeof(float);
+  std::memcpy(backup + c.offset, p.master_p() + c.offset, bytes);
+  std::memcpy(backup + n + c.offset, p.moments_m() + c.offset, bytes);
+  std::memcpy(backup + 2 * n + c.offset, p.moments_v() + c.offset, bytes);
+  core_.update_on_host(c, scalars_[c.slot]);
+  updated_[index] = 1;
+}
+
+void adam_speculation::restore(std::size_t index) noexcept {
+  const chunk_ref& c = core_.chunks[index];
+  const param_state& p = *param_by_slot_[c.slot];
+  const auto* backup = static_cast<const float*>(backup_[c.slot].data());
+  const std::size_t n = p.desc.elements;
+  const std::size_t bytes = c.count * sizeof(float);
+  std::memcpy(p.master_p() + c.offset, backup + c.offset, bytes);
+  std::memcpy(p.moments_m() + c.offset, backup + n + c.offset, bytes);
+  std::memcpy(p.moments_v() + c.offset, backup + 2 * n + c.offset, bytes);
+  updated_[index] = 0;
+  ++core_.totals.rolled_back_chunks;
+}
+
+void adam_speculation::wait() {
+  if (!any_) {
+    return;
+  }
+  std::exception_ptr failure = nullptr;
+  for (auto& [node, pool] : pools_) {
+    try {
+      pool->wait();
+    } catch (...) {
+      failure = failure ? failure : std::current_exception();
+    }
+  }
+  ++core_.totals.speculative_steps;
+  if (failure) {
+    roll_back_all();
+    end_step();
+    std::rethrow_exception(failure);
+  }
+}
+
+void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool clipped) {
+  update_ = !clipped;
+  bool rolled_back = false;
+  for (const auto& c : core_.chunks) {
+    if (updated(c.index) &&
+        std::memcmp(&scalars[c.slot], &scalars_[c.slot], sizeof(adam_scalars)) != 0) {
+      restore(c.index);
+      rolled_back = true;
+    }
+  }
+  core_.totals.rollbacks += rolled_back ? 1 : 0;
+}
+
+void adam_speculation::roll_back_all() noexcept {
+  bool rolled_back = false;
+  for (const auto& c : core_.chunks) {
+    if (updated(c.index)) {
+      restore(c.index);
+      rolled_back = true;
+    }
+  }
+  core_.totals.rollbacks += rolled_back ? 1 : 0;
+}
+
+void adam_speculation::end_step() noexcept {
+  if (!any_) {
+    return;
+  }
+  std::fill(announced_.begin(), announced_.end(), 0);
+  std::fill(updated_.begin(), updated_.end(), 0);
+  any_ = false;
+}
+
+void adam_speculation::cancel() noexcept {
+  if (!any_) {
+    return;
+  }
+  for (auto& [node, pool] : pools_) {
+    try {
+      pool->wait();
+    } catch (const std::exception& e) {
+      log(log_level::debug,
+          std::string("offload_adam: speculation cancelled after a failure: ") + e.what());
+    } catch (...) {
+      log(log_level::debug, "offload_adam: speculation cancelled after a failure");
+    }
+  }
+  roll_back_all();
+  end_step();
+}
+
+}  // namespace tierflow::detail

@@ -1,0 +1,79 @@
+#pragma once
+// offload_adam's speculative step (private to lib/optim; adam_options::overlap = backward, cpu
+// mode): grad_ready() starts a param's grads copy down, its Σ g² and its update, scaled as if
+// no clipping applied, on the cpu step's workers while the caller's backward pass goes on.
+// Each chunk's master, m and v are copied aside before its speculative update, into backups
+// allocated once in the placement policy's tiers (class optimizer_state). step() then keeps a
+// chunk's update when the step's true scalars are bit for bit those it used, and otherwise
+// restores the chunk from its backup (the plain step redoes it); a skipped or failed step
+// restores every chunk. The state is thus always bit for bit the plain step's.
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "optim/adam_core.hpp"
+#include "optim/worker_pool.hpp"
+
+namespace tierflow::detail {
+
+class adam_speculation {
+ public:
+  /** @param pools the cpu step's worker pools by node (they outlive this object's use) */
+  adam_speculation(adam_core& core, std::map<int, std::unique_ptr<worker_pool>>& pools)
+      : core_(core), pools_(pools) {}
+  adam_speculation(const adam_speculation&) = delete;
+  adam_speculation& operator=(const adam_speculation&) = delete;
+
+  /** Allocates the backups (3 floats per element, in the tiers) and sets rollback_bytes. */
+  void allocate();
+
+  /** Param @p param of group @p group has its final grad: enqueues its grads copy (after the
+   *  work on the compute stream so far) and its chunks' norm and update on the workers.
+   *  Thread-safe against other grad_ready() calls; not against step(). */
+  void grad_ready(std::size_t group, std::size_t param);
+  /** Whether param (@p group, @p param) was announced this step. */
+  [[nodiscard]] bool announced(std::size_t group, std::size_t param) const;
+  /** Whether chunk @p index's grads were copied and summed by the speculation. */
+  [[nodiscard]] bool summed(std::size_t index) const { return any_ && announced_[index] != 0; }
+  /** Whether chunk @p index holds a kept speculative update (after settle()). */
+  [[nodiscard]] bool updated(std::size_t index) const { return any_ && updated_[index] != 0; }
+  [[nodiscard]] bool any() const noexcept { return any_; }
+
+  /** Waits for the speculative work. On a failure it restores every chunk, ends the
+   *  speculation and rethrows (a device_error or device_timeout). */
+  void wait();
+  /** With the step's true scalars (per slot): keeps each speculative update made with the
+   *  same scalars, restores the others. @p clipped: the clip fired this step; the next step
+   *  then speculates only the grads' copy and norm, not the update (a clip that fires on
+   *  every step would otherwise restore and redo every update). */
+  void settle(const std::vector<adam_scalars>& scalars, bool clipped);
+  /** Restores every speculatively updated chunk (a skipped or failed step). */
+  void roll_back_all() noexcept;
+  /** Forgets this step's announcements (after the step, or a failure). */
+  void end_step() noexcept;
+  /** Waits (logging a failure), restores every chunk and ends the speculation: for calls that
+   *  read or replace the state between grad_ready() and step(). noexcept: destructors use it. */
+  void cancel() noexcept;
+
+ private:
+  void speculate(std::size_t index);
+  void restore(std::size_t index) noexcept;
+
+  adam_core& core_;
+  std::map<int, std::unique_ptr<worker_pool>>& pools_;
+  std::mutex mutex_;                                 // grad_ready() against itself
+  std::vector<tier_allocation> backup_;              // per slot: master, m, v
+  std::vector<const param_state*> param_by_slot_;    // per slot
+  std::vector<std::vector<std::size_t>> chunks_of_;  // per slot: its chunks
+  std::map<int, std::vector<std::size_t>> queue_;    // per node: chunks in the order announced
+  std::map<int, std::size_t> queued_;                // per node: entries of queue_ in use
+  std::vector<adam_scalars> scalars_;                // per slot: the speculative scalars
+  std::vector<step_deadline> deadline_;              // per chunk
+  std::vector<char> announced_;                      // per chunk (caller's threads)
+  std::vector<char> updated_;                        // per chunk (workers, then step())
+  bool any_ = false;
+  bool update_ = true;  // speculate updates this step (no clip in the last one)
+};
+
+}  // namespace tierflow::detail
