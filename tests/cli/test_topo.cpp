@@ -111,7 +111,8 @@ TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
       run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("two_socket_cxl").string(),
                "--initiator", "3"}),
       "node 3 is not a memory node with CPUs");
-  check_one_line_error(run_cli({"topo", "--config", missing}), "cannot read configuration file");
+  check_one_line_error(run_cli({"topo", "--config", missing}),
+                       "cannot read the configuration file");
   check_one_line_error(
       run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("laptop").string()},
               "TIERFLOW_TIERS=ssd=0"),
