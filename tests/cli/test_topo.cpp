@@ -200,11 +200,13 @@ TEST_CASE(
        {"--samples", "--buffer-mib", "--threads", "--link-mib", "--chunk-kib", "--latency-loads",
         "--llc-mib"}},
   };
+  // "-1" on every count flag (each process costs time: the other shapes on one per command).
   for (const auto& [command, flags] : counts) {
     for (const auto& flag : flags) {
-      for (const char* value : {"-1", "-18446744073709551615", "1.5", "1e3", "x"}) {
-        rows.push_back({command, flag, value});
-      }
+      rows.push_back({command, flag, "-1"});
+    }
+    for (const char* value : {"-18446744073709551615", "1.5", "1e3", "x"}) {
+      rows.push_back({command, flags.front(), value});
     }
   }
   for (const auto& [command, flag] : std::vector<std::pair<std::string, std::string>>{
