@@ -115,7 +115,7 @@ TEST_CASE("bad input: every reader refuses a FIFO, a device, a folder and a huge
 }
 
 TEST_CASE(
-    "bad input: tf_adam_load of a FIFO or a folder is TF_ERR_INPUT naming the path; "
+    "bad input: tf_adam_load of a FIFO or a folder is TF_ERR_INPUT naming the path, and "
     "tf_adam_save refuses to replace a device node, a FIFO or a folder",
     "[bad_input][files][capi]") {
   auto gen = test::rng(0x22f1);
@@ -205,8 +205,8 @@ TEST_CASE("bad input: a later save removes the temp files of writers that are go
 }
 
 TEST_CASE(
-    "bad input: tf_adam_destroy after tf_device_destroy is safe; overlapping params and "
-    "a grad equal to its param are refused at creation",
+    "bad input: tf_adam_destroy after tf_device_destroy is safe, and overlapping params "
+    "and a grad equal to its param are refused at creation",
     "[bad_input][capi][lifetime]") {
   auto gen = test::rng(0x22f3);
   tf_device* dev = nullptr;
