@@ -84,10 +84,10 @@ enum class weight_decay_mode {
 
 /** @brief A group's hyper-parameters; they may change before any step. */
 struct adam_hyper {
-  double lr = 1e-3;           ///< ≥ 0, finite
+  double lr = 1e-3;           ///< ≥ 0, finite; lr / (1 - beta1) finite as a float
   double beta1 = 0.9;         ///< in [0, 1)
   double beta2 = 0.999;       ///< in [0, 1)
-  double eps = 1e-8;          ///< > 0, finite
+  double eps = 1e-8;          ///< > 0, finite, not 0 as a float (>= ~1e-38)
   double weight_decay = 0.0;  ///< ≥ 0, finite
   weight_decay_mode decay = weight_decay_mode::decoupled;
   bool bias_correction = true;
@@ -95,9 +95,11 @@ struct adam_hyper {
 
 /** @brief One parameter tensor on the device. */
 struct adam_param {
-  std::string name;            ///< for errors and metrics; unique in the optimizer
-  void* param = nullptr;       ///< device pointer to `elements` values of `dtype`
-  const void* grad = nullptr;  ///< device pointer to its grad, same dtype and count
+  std::string name;       ///< for errors and metrics; unique in the optimizer
+  void* param = nullptr;  ///< device pointer to `elements` values of `dtype`
+  /// device pointer to its grad, same dtype and count; nullptr: none yet (the param is left
+  /// alone until set_grad() or grad_ready() gives one)
+  const void* grad = nullptr;
   param_dtype dtype = param_dtype::f32;
   std::size_t elements = 0;  ///< > 0
   /** `param` is host memory (e.g. a cold parameter's tier copy that a prefetch_scheduler
@@ -125,15 +127,17 @@ enum class adam_kernel { automatic, scalar, avx2, avx512 };
 /** @brief How an offload_adam works. */
 struct adam_options {
   adam_mode mode = adam_mode::automatic;
-  /** Elements per chunk: the unit of transfer, of thread work and of checkpoint CRCs. */
+  /** Elements per chunk: the unit of transfer, of thread work and of checkpoint CRCs; > 0. A
+   * chunk longer than the largest param is clamped to it (it would only pin memory). */
   std::size_t chunk_elements = std::size_t{1} << 20;
   /** Worker threads for the CPU step (0: the CPUs of the nodes that hold the state, at most
-   * the CPUs this process may use). */
+   * the CPUs this process may use); at most 4 x the hardware threads, and at most 1024. */
   unsigned threads = 0;
   adam_kernel kernel = adam_kernel::automatic;  ///< a kernel this CPU lacks is an error
   /** Global grad-norm clipping: grads are scaled by min(1, max / (norm + 1e-6)); 0: off. */
   double max_grad_norm = 0.0;
-  /** Grads are divided by this before anything else (mixed-precision loss scaling); > 0. */
+  /** Grads are divided by this before anything else (mixed-precision loss scaling); > 0, and
+   * it and its inverse finite as floats (the kernels' precision). */
   double loss_scale = 1.0;
   /** Streamed mode: HBM for staging the state (0: room for `window` + 2 chunks). The undo ring
    * (`min(chunks, window + 3)` chunks' master, m and v; every chunk when the window spans the
@@ -151,7 +155,7 @@ struct adam_options {
    * uploads. When that work has not finished in time, step() throws adam_step_error
    * (not_applied, the state as before); the work stays queued, and the next step() waits for
    * it first. Once the step has started changing the state it runs to its end. 0: wait
-   * forever. Finite and >= 0. */
+   * forever. Finite, >= 0 and at most 1e6 (about 11.6 days). */
   double device_timeout_s = 0.0;
   /** `backward` (cpu mode): grad_ready() starts each param's update while the backward pass
    * goes on, at the price of a pre-update copy of the state (adam_metrics::rollback_bytes,

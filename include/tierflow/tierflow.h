@@ -64,7 +64,8 @@ typedef struct tf_adam_hyper {
 typedef struct tf_adam_param {
   const char* name; /* may be NULL: a name is made up */
   void* param;      /* device pointer */
-  const void* grad; /* device pointer, same dtype and count */
+  const void* grad; /* device pointer, same dtype and count; NULL: none yet (grads come with
+                     * each tf_adam_step_on; tf_adam_step leaves the param alone) */
   tf_dtype dtype;
   size_t elements;
   size_t group; /* index into the hyper array given to tf_adam_create */
@@ -75,13 +76,15 @@ typedef struct tf_adam_param {
 
 typedef struct tf_adam_options {
   tf_adam_mode mode;
-  size_t chunk_elements; /* 0: the default (1 Mi elements) */
-  unsigned threads;      /* 0: the CPUs near the state */
-  double max_grad_norm;  /* 0: no clipping */
-  double loss_scale;     /* grads are divided by it; 1: none */
+  /* 0: the default (1 Mi elements); clamped to the largest param's element count. */
+  size_t chunk_elements;
+  /* 0: the CPUs near the state; at most 4 x the hardware threads and at most 1024. */
+  unsigned threads;
+  double max_grad_norm; /* 0: no clipping; finite as a float */
+  double loss_scale;    /* grads are divided by it; 1: none; it and 1/it finite as floats */
   /* Seconds a step waits for the work its grads come from before it gives up, the state as
-   * before (see tf_adam_step); 0: forever. Start from tf_adam_options_default, so that fields
-   * added later get their defaults. */
+   * before (see tf_adam_step); 0: forever; at most 1e6 (about 11.6 days). Start from
+   * tf_adam_options_default, so that fields added later get their defaults. */
   double device_timeout_s;
   /* A placement spec, as TIERFLOW_PLACEMENT takes (e.g.
    * "optimizer_state=cxl,dram;master_params=dram"); NULL: TIERFLOW_PLACEMENT, else the defaults. */
@@ -104,6 +107,8 @@ void tf_adam_options_default(tf_adam_options* options);
 
 /* spec: "auto", "cuda", "cuda:N" or "emulated" (NULL: "auto"). */
 tf_status tf_device_open(const char* spec, tf_device** out);
+/* Releases the handle. Optimizers and schedulers made on the device keep it alive until they
+ * are destroyed, so the two may be destroyed in either order. */
 void tf_device_destroy(tf_device* device);
 /* The backend name: "cuda" or "emulated" (valid while the device lives). */
 const char* tf_device_backend(const tf_device* device);

@@ -10,8 +10,10 @@
 #include "tierflow/error.hpp"
 #include "tierflow/tierflow.h"
 
+// Shared: an optimizer or scheduler made on the device keeps it alive, so destroying the
+// handle first (the ordinary wrong cleanup order) leaves them working and their destroy safe.
 struct tf_device {
-  std::unique_ptr<tierflow::device> dev;
+  std::shared_ptr<tierflow::device> dev;
 };
 
 namespace tierflow::capi {

@@ -19,9 +19,11 @@
 #include "tierflow/topology.hpp"
 
 struct tf_adam {
+  // Declared first, so destroyed last: the optimizer and its placement go before the device,
+  // whether or not tf_device_destroy came first.
+  std::shared_ptr<tierflow::device> dev;
   tierflow::topology topo;
   tierflow::placement_policy placement;
-  tierflow::device* dev = nullptr;
   std::unique_ptr<tierflow::offload_adam> opt;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
   std::vector<std::vector<std::size_t>> elements;          // per group, per param
@@ -281,7 +283,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       o.overlap =
           options->overlap == 1 ? tierflow::adam_overlap::backward : tierflow::adam_overlap::none;
     }
-    a->dev = device->dev.get();
+    a->dev = device->dev;
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
     *out = a.release();
   });

@@ -16,13 +16,14 @@
 #include "tierflow/topology.hpp"
 
 struct tf_scheduler {
+  // Declared first, so destroyed last (see tf_adam): tf_device_destroy may come first.
+  std::shared_ptr<tierflow::device> dev;
   tierflow::topology topo;
   tierflow::placement_policy placement;
   std::vector<tierflow::tier_allocation> owned;  // the buffers it allocated
   std::vector<void*> host;                       // every buffer's tier copy
   std::uint64_t total_bytes = 0;                 // of every buffer, allocated or given
   std::vector<std::vector<tierflow::buffer_id>> step_buffers;
-  tierflow::device* dev = nullptr;
   // Declared last: destroyed first, while the buffers it writes back still exist.
   std::unique_ptr<tierflow::prefetch_scheduler> sched;
 
@@ -152,7 +153,7 @@ tf_status tf_scheduler_create(tf_device* device, const tf_sched_buffer* buffers,
     so.hbm_budget_bytes = o.hbm_budget_bytes != 0
                               ? o.hbm_budget_bytes
                               : default_budget(buffers, steps, step_count, o.window);
-    s->dev = device->dev.get();
+    s->dev = device->dev;
     s->sched = std::make_unique<tierflow::prefetch_scheduler>(*device->dev, std::move(plan), so);
     *out = s.release();
   });

@@ -7,12 +7,15 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::detail {
@@ -46,10 +49,58 @@ std::string random_suffix() {
   return text;
 }
 
+// The writer PID of a temp file named `TARGET.tmp.PID.SUFFIX` (SUFFIX: 16 hex digits), or 0
+// when @p name is not such a name for @p target.
+pid_t temp_writer(const std::string& name, const std::string& target) {
+  const std::string prefix = target + ".tmp.";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) {
+    return 0;
+  }
+  const std::string_view rest = std::string_view(name).substr(prefix.size());
+  const auto dot = rest.find('.');
+  if (dot == std::string_view::npos || rest.size() - dot - 1 != 16 ||
+      rest.find_first_not_of("0123456789abcdef", dot + 1) != std::string_view::npos) {
+    return 0;
+  }
+  const auto pid = parse_u64(rest.substr(0, dot));
+  if (!pid || *pid == 0 || *pid > static_cast<std::uint64_t>(std::numeric_limits<pid_t>::max())) {
+    return 0;
+  }
+  return static_cast<pid_t>(*pid);
+}
+
 }  // namespace
+
+void remove_stale_temps(const std::filesystem::path& path) noexcept {
+  try {
+    const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    const std::string target = path.filename().string();
+    std::error_code ec;
+    std::filesystem::directory_iterator it(dir, ec);
+    for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const pid_t writer = temp_writer(it->path().filename().string(), target);
+      // Only a writer that is gone for sure (ESRCH): a live pid, even a reused one, keeps its
+      // file, and so does every writer of this process.
+      std::error_code type_ec;
+      if (writer != 0 && writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH &&
+          it->is_regular_file(type_ec)) {
+        ::unlink(it->path().c_str());
+      }
+    }
+  } catch (...) {  // out of memory while listing: the stale files wait for the next save
+  }
+}
 
 durable_writer::durable_writer(std::filesystem::path path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
+  // rename() replaces whatever has the name: a device node (/dev/null), a FIFO, a socket.
+  struct stat existing {};
+  if (::stat(path_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    fail(std::string(S_ISDIR(existing.st_mode) ? "is a directory" : "is not a regular file") +
+             "; refusing to replace it",
+         0);
+  }
+  remove_stale_temps(path_);
   const std::string prefix = path_.string() + ".tmp." + std::to_string(::getpid()) + ".";
   // A name already taken (a leftover of a crashed writer with the same pid) is retried with
   // a fresh suffix; anything else is the caller's problem (no directory, no permission).
@@ -152,44 +203,52 @@ void durable_writer::commit() {
   }
 }
 
-std::vector<unsigned char> read_file(const std::filesystem::path& path, const std::string& what,
-                                     std::uint64_t max_bytes) {
-  const std::string source = path.string();
+input_file::input_file(const std::filesystem::path& path, std::string what, std::uint64_t max_bytes)
+    : source_(path.string()), what_(std::move(what)) {
   // O_NONBLOCK only so that opening a FIFO by mistake does not hang; it is refused below, and
   // regular files ignore the flag.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) {
     const int code = errno;
-    throw input_error(source, "cannot open the " + what + ": " + std::strerror(code));
+    throw input_error(source_, "cannot read the " + what_ + ": " + std::strerror(code));
   }
-  struct closer {
-    int fd;
-    ~closer() { ::close(fd); }
-  } const close_on_exit{fd};
-
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int code = errno;
-    throw input_error(source, "cannot stat the " + what + ": " + std::strerror(code));
+  std::string problem;
+  if (::fstat(fd_, &st) != 0) {
+    problem = std::string("cannot stat the ") + what_ + ": " + std::strerror(errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    problem = "the " + what_ + " is a directory";
+  } else if (!S_ISREG(st.st_mode)) {
+    problem = "the " + what_ + " is not a regular file";
+  } else if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    problem = "the " + what_ + " is too large: " + std::to_string(st.st_size) + " bytes, at most " +
+              std::to_string(max_bytes) + " allowed";
   }
-  if (S_ISDIR(st.st_mode)) {
-    throw input_error(source, "the " + what + " is a directory");
+  if (!problem.empty()) {
+    ::close(fd_);
+    fd_ = -1;
+    throw input_error(source_, problem);
   }
-  if (!S_ISREG(st.st_mode)) {
-    throw input_error(source, "the " + what + " is not a regular file");
-  }
-  const auto too_large = [&](std::uint64_t bytes, bool at_least) {
-    return input_error(source, "the " + what + " is too large: " + (at_least ? "over " : "") +
-                                   std::to_string(bytes) + " bytes, at most " +
-                                   std::to_string(max_bytes) + " allowed");
-  };
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  if (size > max_bytes) {
-    throw too_large(size, false);
-  }
+  size_ = static_cast<std::uint64_t>(st.st_size);
+}
 
+input_file::~input_file() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+  }
+}
+
+std::vector<unsigned char> read_file(const std::filesystem::path& path, const std::string& what,
+                                     std::uint64_t max_bytes) {
+  const input_file file(path, what, max_bytes);
+  const std::string& source = file.source();
+  const auto too_large = [&] {
+    return input_error(source, "the " + what + " is too large: over " + std::to_string(max_bytes) +
+                                   " bytes, at most " + std::to_string(max_bytes) + " allowed");
+  };
   // The size is only a hint (the file may grow while it is read, and /proc-style files claim
   // 0), so read to the end, one byte past the limit at most.
+  const std::uint64_t size = file.size();
   const std::uint64_t limit = std::min<std::uint64_t>(
       max_bytes == std::numeric_limits<std::uint64_t>::max() ? max_bytes : max_bytes + 1,
       std::numeric_limits<std::size_t>::max());
@@ -198,13 +257,13 @@ std::vector<unsigned char> read_file(const std::filesystem::path& path, const st
   for (;;) {
     if (filled == bytes.size()) {
       if (filled >= limit) {
-        throw too_large(max_bytes, true);
+        throw too_large();
       }
       bytes.resize(static_cast<std::size_t>(
           std::min<std::uint64_t>(std::max<std::size_t>(2 * filled, 64 * 1024), limit)));
     }
     const ssize_t n =
-        ::read(fd, bytes.data() + filled, std::min(bytes.size() - filled, max_io_bytes));
+        ::read(file.fd(), bytes.data() + filled, std::min(bytes.size() - filled, max_io_bytes));
     if (n < 0 && errno == EINTR) {
       continue;
     }
@@ -218,10 +277,16 @@ std::vector<unsigned char> read_file(const std::filesystem::path& path, const st
     filled += static_cast<std::size_t>(n);
   }
   if (filled > max_bytes) {
-    throw too_large(max_bytes, true);
+    throw too_large();
   }
   bytes.resize(filled);
   return bytes;
+}
+
+std::string read_text_file(const std::filesystem::path& path, const std::string& what,
+                           std::uint64_t max_bytes) {
+  const auto bytes = read_file(path, what, max_bytes);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 }  // namespace tierflow::detail

@@ -8,7 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "tierflow/detail/input_file.hpp"
+
 namespace tierflow::detail {
+
+/**
+ * @brief Removes `PATH.tmp.PID.SUFFIX` files (left by a durable_writer killed mid-write) whose
+ * writer process no longer exists. Files of live processes, of this process, and names of any
+ * other shape are left alone. Never throws; a file that cannot be removed stays.
+ */
+void remove_stale_temps(const std::filesystem::path& path) noexcept;
 
 /**
  * @brief Writes a file that replaces @p path all at once, or not at all.
@@ -20,6 +29,10 @@ namespace tierflow::detail {
  * `checkpoint /x/y.tfck: write failed: No space left on device`.
  *
  * After any failure the temp file is already gone and the writer refuses further use.
+ *
+ * The constructor refuses a @p path that exists and is not a regular file (a folder, a FIFO,
+ * /dev/null: the rename would replace the node), and removes the temp files of earlier writers
+ * of the same path that died mid-write (remove_stale_temps()).
  */
 class durable_writer {
  public:
@@ -66,15 +79,5 @@ class durable_writer {
   int fd_ = -1;                // the open temp file, or -1 once closed
   bool temp_present_ = false;  // the temp file exists under temp_ (not yet renamed)
 };
-
-/**
- * @brief Reads all of @p path, refusing files of more than @p max_bytes bytes.
- * @param what what the file is, e.g. "checkpoint", for messages
- * @throws tierflow::input_error naming the path when it is missing or unreadable, is a
- * directory or other non-regular file, or is larger than @p max_bytes
- */
-[[nodiscard]] std::vector<unsigned char> read_file(const std::filesystem::path& path,
-                                                   const std::string& what,
-                                                   std::uint64_t max_bytes);
 
 }  // namespace tierflow::detail

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tierflow/detail/input_file.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 
@@ -58,21 +59,10 @@ settings settings::from_text(std::string_view text, std::string_view source_name
 }
 
 settings settings::from_file(const std::filesystem::path& path) {
-  // A folder opens as a stream that reads nothing: it would pass for an empty file.
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw input_error(path.string(), "cannot read configuration file: it is a folder");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw input_error(path.string(), "cannot read configuration file");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    throw input_error(path.string(), "error while reading configuration file");
-  }
-  return from_text(text.str(), path.string());
+  // A configuration is a few lines: a bound keeps /dev/zero-like files from eating memory.
+  constexpr std::uint64_t max_config_bytes = std::uint64_t{1} << 20;
+  const std::string text = detail::read_text_file(path, "configuration file", max_config_bytes);
+  return from_text(text, path.string());
 }
 
 settings settings::from_environment() {

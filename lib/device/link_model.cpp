@@ -10,6 +10,9 @@ namespace tierflow {
 
 namespace {
 
+constexpr double min_link_gbps = 1e-3;
+constexpr double max_link_gbps = 1e6;
+
 // A decimal number followed by a unit from @p units (value = number x factor).
 std::optional<double> number_with_unit(
     std::string_view text, std::initializer_list<std::pair<std::string_view, double>> units) {
@@ -58,11 +61,13 @@ link_model link_model::parse(std::string_view text, const std::string& origin) {
     const auto value = detail::trim(field.substr(equals + 1));
     if (key == "h2d" || key == "d2h") {
       const auto gbps = number_with_unit(value, {{"GB/s", 1.0}, {"MB/s", 1e-3}});
-      if (!gbps || *gbps <= 0.0) {
+      // Below 1 MB/s a 4 KiB copy takes seconds and a model's state days (a caller then seems
+      // hung); above 1 PB/s it is a typo.
+      if (!gbps || *gbps < min_link_gbps || *gbps > max_link_gbps) {
         throw input_error(origin,
                           std::string(key) +
-                              ": expected a bandwidth above 0 such as 25GB/s or "
-                              "800MB/s, not '" +
+                              ": expected a bandwidth from 1MB/s to 1000000GB/s such as 25GB/s "
+                              "or 800MB/s, not '" +
                               std::string(value) + "'",
                           whole);
       }

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -102,48 +103,34 @@ struct saved_header {
 // A file read in order with clear errors.
 class checkpoint_file {
  public:
-  explicit checkpoint_file(const std::filesystem::path& path) : path_(path.string()) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      throw input_error(path_, std::string("cannot open the checkpoint: ") + std::strerror(errno));
-    }
-    const off_t end = ::lseek(fd_, 0, SEEK_END);
-    if (end < 0) {
-      const int code = errno;
-      ::close(fd_);
-      throw input_error(path_, std::string("not a seekable file: ") + std::strerror(code));
-    }
-    size_ = static_cast<std::uint64_t>(end);
-  }
-  ~checkpoint_file() { ::close(fd_); }
-  checkpoint_file(const checkpoint_file&) = delete;
-  checkpoint_file& operator=(const checkpoint_file&) = delete;
+  // No size bound here: the header says how long the file must be and read_header checks it.
+  explicit checkpoint_file(const std::filesystem::path& path)
+      : file_(path, "checkpoint", std::numeric_limits<std::uint64_t>::max()) {}
 
   void read_at(std::uint64_t offset, void* out, std::size_t n, const char* what) {
     auto* p = static_cast<unsigned char*>(out);
     std::size_t done = 0;
     while (done < n) {
-      const ssize_t got = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+      const ssize_t got =
+          ::pread(file_.fd(), p + done, n - done, static_cast<off_t>(offset + done));
       if (got < 0 && errno == EINTR) {
         continue;
       }
       if (got < 0) {
-        throw input_error(path_,
+        throw input_error(path(),
                           std::string("read failed in ") + what + ": " + std::strerror(errno));
       }
       if (got == 0) {
-        throw input_error(path_, std::string("truncated: the file ends inside ") + what);
+        throw input_error(path(), std::string("truncated: the file ends inside ") + what);
       }
       done += static_cast<std::size_t>(got);
     }
   }
-  [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  [[nodiscard]] std::uint64_t size() const noexcept { return file_.size(); }
+  [[nodiscard]] const std::string& path() const noexcept { return file_.source(); }
 
  private:
-  std::string path_;
-  int fd_ = -1;
-  std::uint64_t size_ = 0;
+  input_file file_;
 };
 
 saved_header read_header(checkpoint_file& file) {

@@ -136,10 +136,32 @@ const param_state& adam_core::param_at(std::size_t group, std::size_t param) con
   return g.params[param];
 }
 
+// The first non-finite grad of chunk @p c in the host copy of the grads (cpu mode), or npos.
+std::size_t adam_core::first_non_finite(const chunk_ref& c) const {
+  const auto& p = param_of(c);
+  const std::size_t width = dtype_bytes(p.desc.dtype);
+  const auto* base = static_cast<const unsigned char*>(grads_host.data()) + p.grad_offset;
+  for (std::size_t e = c.offset; e < c.offset + c.count; ++e) {
+    float value = 0;
+    load_as_f32(base + e * width, p.desc.dtype, &value, 1);
+    if (!std::isfinite(value)) {
+      return e;
+    }
+  }
+  return std::string::npos;
+}
+
 std::string adam_core::skip_reason() const {
   for (const auto& c : chunks) {
     if (active(c) && !std::isfinite(partial[c.index])) {
       const auto& p = param_of(c);
+      // cpu mode holds the grads on the host: name the element; streamed mode reduced them on
+      // the device, so the chunk's range is what there is.
+      if (const std::size_t e = mode == adam_mode::cpu ? first_non_finite(c) : std::string::npos;
+          e != std::string::npos) {
+        return "non-finite grad in '" + p.desc.name + "' (first at element " + std::to_string(e) +
+               "): step skipped, state unchanged";
+      }
       return "non-finite grad in '" + p.desc.name + "' (elements " + std::to_string(c.offset) +
              ".." + std::to_string(c.offset + c.count - 1) + "): step skipped, state unchanged";
     }

@@ -49,6 +49,20 @@ struct chunk_ref {
 /** Throws tierflow::error naming @p where and the bad value. */
 void check_hyper(const adam_hyper& hyper, const std::string& where);
 
+/** Refuses params that overlap another param or any grad (tierflow::error naming both). */
+void check_no_overlap(const std::vector<adam_group>& in);
+
+/** The longest adam_options::device_timeout_s, seconds (about 11.6 days). */
+inline constexpr double max_device_timeout_s = 1e6;
+
+/** The most adam_options::threads: 4 x the hardware threads, at most 1024. */
+unsigned max_adam_threads() noexcept;
+
+/** Every check of @p options against each other and the params of @p in (whose counts are
+ *  already checked), and the chunk clamped to the largest param. Throws tierflow::error
+ *  naming the option and its value. */
+void check_options(adam_options& options, const std::vector<adam_group>& in);
+
 /** A short measurement of host memory copy bandwidth (GB/s, read + write counted). */
 double measure_host_bandwidth_gbps();
 

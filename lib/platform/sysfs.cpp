@@ -13,7 +13,8 @@ int read_text_file(const std::filesystem::path& path, std::string& out) noexcept
   // sysfs files report a size of 4096 whatever they hold, so read until EOF; cap the size so
   // a mistaken path (a device node, a huge file) cannot exhaust memory.
   constexpr std::size_t max_bytes = 1 << 20;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO under a mistaken --sysfs-root reads as empty instead of hanging.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return errno;
   }

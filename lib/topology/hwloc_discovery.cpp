@@ -6,6 +6,7 @@
 
 #include "platform/hwloc_probe.hpp"
 #include "platform/sysfs.hpp"
+#include "tierflow/detail/input_file.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "topology/machine_facts.hpp"
@@ -24,10 +25,8 @@ std::string first_line(const std::string& text) {
 // hwloc reports no more than "invalid argument" for a bad XML file; check what we can first so
 // the user is told what is wrong with it.
 void check_xml_file(const fs::path& path) {
-  std::string text;
-  if (const int code = platform::read_text_file(path, text); code != 0) {
-    throw input_error(path.string(), std::string("cannot read (") + std::strerror(code) + ")");
-  }
+  constexpr std::uint64_t max_xml_bytes = std::uint64_t{64} << 20;
+  const std::string text = read_text_file(path, "hwloc XML", max_xml_bytes);
   const auto body = trim(text);
   if (body.empty()) {
     throw input_error(path.string(), "empty file, expected hwloc topology XML");

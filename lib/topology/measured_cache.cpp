@@ -24,12 +24,16 @@ namespace {
 
 constexpr std::string_view magic = "tierflow-measured 1";
 constexpr std::uint64_t max_cache_bytes = std::uint64_t{1} << 20;
+// Every measured value (MB/s or ns) is at most 1e9: 1 PB/s, 1 s. Beyond is a broken file (a
+// value of 1e308 broke the topo table), never a measurement.
+constexpr double max_measured_value = 1e9;
 
 std::optional<double> parse_positive(std::string_view text) {
   double value = 0;
   const auto* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end || !std::isfinite(value) || value <= 0) {
+  if (ec != std::errc() || ptr != end || !std::isfinite(value) || value <= 0 ||
+      value > max_measured_value) {
     return std::nullopt;
   }
   return value;
@@ -58,8 +62,8 @@ measured_access& entry_for(std::vector<measured_access>& values, numa_node_id in
 }
 
 void check_value(const std::optional<double>& v, const char* what) {
-  if (v && !(std::isfinite(*v) && *v > 0)) {
-    throw input_error(std::string("measured ") + what, "must be finite and > 0",
+  if (v && !(std::isfinite(*v) && *v > 0 && *v <= max_measured_value)) {
+    throw input_error(std::string("measured ") + what, "must be finite, > 0 and at most 1e9",
                       std::to_string(*v));
   }
 }
@@ -134,7 +138,8 @@ std::vector<measured_access> parse_measured_cache(std::string_view text, std::st
       throw input_error(where, "node ids must be whole numbers 0..4095", std::string(line));
     }
     if (!value) {
-      throw input_error(where, "the value is not a finite number > 0", std::string(w[4]));
+      throw input_error(where, "the value is not a finite number > 0 and at most 1e9",
+                        std::string(w[4]));
     }
     auto& entry = entry_for(out, numa_node_id{static_cast<int>(*initiator)},
                             numa_node_id{static_cast<int>(*target)});

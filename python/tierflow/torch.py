@@ -275,10 +275,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         names = []
         for i, (ci, p) in enumerate(entries):
             names.append(f"param {i}".encode())
-            # tf_adam_create wants a grad pointer, never read: step_on gives each step's grads
-            # (NULL for a param without one), so the param's own stands in.
+            # No grad pointer at creation: step_on gives each step's grads (NULL for a param
+            # without one).
             address, on_host = _home(p)
-            params[i] = _capi.AdamParam(names[-1], address, address, _DTYPES[p.dtype],
+            params[i] = _capi.AdamParam(names[-1], address, None, _DTYPES[p.dtype],
                                         p.numel(), ci, on_host)
         hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
                                                      for gi in groups])

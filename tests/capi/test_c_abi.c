@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
   bad.beta2 = 1.0;
   CHECK(tf_adam_create(dev, params, 2, &bad, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
   CHECK(strstr(tf_last_error(), "beta2") != NULL);
-  tf_adam_param null_grad[1] = {{"x", dev_p[0], NULL, TF_DTYPE_F32, N0, 0, 0}};
-  CHECK(tf_adam_create(dev, null_grad, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
-  CHECK(strstr(tf_last_error(), "grad pointer is null") != NULL);
+  tf_adam_param null_param[1] = {{"x", NULL, dev_g[0], TF_DTYPE_F32, N0, 0, 0}};
+  CHECK(tf_adam_create(dev, null_param, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "param pointer is null") != NULL);
   tf_adam_param wrong_group[1] = {{"x", dev_p[0], dev_g[0], TF_DTYPE_F32, N0, 3, 0}};
   CHECK(tf_adam_create(dev, wrong_group, 1, &hyper, 1, &options, &adam) == TF_ERR_INVALID_ARGUMENT);
   CHECK(strstr(tf_last_error(), "group is 3") != NULL);

@@ -1,13 +1,16 @@
 // `tierflow bench` as a user runs it: cases, the JSON matrix, the link cases, --from-json.
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "cli_runner.hpp"
 #include "test_support.hpp"
@@ -400,4 +403,35 @@ TEST_CASE("bench: bad flags are one line and exit code 2", "[cli][bench]") {
   // A bad device spec stops the run before the node cases (which would take a while here).
   check_one_line_error(run_cli({"bench", "--device", "gpu0", "--buffer-mib", "4096"}), "gpu0");
   check_one_line_error(run_cli({"bench", "--from-json", "/nonexistent.json"}), "/nonexistent.json");
+}
+
+TEST_CASE(
+    "bench: inputs that are not regular files and outputs that cannot be written are "
+    "refused before measuring",
+    "[cli][bench][bad_input]") {
+  tierflow::test::scratch_dir dir;
+  const auto fifo = dir.path() / "report.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  struct row {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<row> rows = {
+      {{"bench", "--from-json", fifo.string()},
+       fifo.string() + ": the report is not a regular file"},
+      {{"bench", "--from-json", dir.path().string()},
+       dir.path().string() + ": the report is a directory"},
+      {{"bench", "--from-json", "/dev/zero"}, "/dev/zero: the report is not a regular file"},
+      {{"bench", "--case", "node_read", "--html", dir.path().string()}, "--html: is a folder"},
+      {{"bench", "--case", "node_read", "--html", "/proc/tierflow-x.html"},
+       "--html: cannot write the file"},
+      {{"bench", "--case", "node_read", "--html", fifo.string()}, "--html: is not a regular file"},
+      {{"bench", "--case", ""}, "--case: an empty case name selects nothing"},
+  };
+  for (const auto& r : rows) {
+    INFO(r.args[1] << " " << r.args.back());
+    const auto start = std::chrono::steady_clock::now();
+    check_one_line_error(run_cli(r.args), r.expected);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));  // no hang
+  }
 }

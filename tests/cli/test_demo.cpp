@@ -100,3 +100,16 @@ TEST_CASE("demo --device cuda without a usable GPU is one line and exit code 2",
   check_one_line_error(r, "--device");
   CHECK_THAT(r.err, Catch::Contains("no usable CUDA device"));
 }
+
+TEST_CASE(
+    "demo: a model beyond the machine and outputs that cannot be written are refused "
+    "before any work",
+    "[cli][demo][bad_input]") {
+  // 10^6 layers x 65536^2 floats: far beyond any machine, refused before a weight is built.
+  const auto huge = run_cli({"demo", "--layers", "1000000", "--width", "65536"});
+  check_one_line_error(huge, "--layers: the model needs about ");
+  CHECK_THAT(huge.err, Catch::Contains("of host memory; the machine has "));
+  CHECK_THAT(huge.err, Catch::Contains("'1000000 layers x 65536'"));
+  // An --out folder whose files cannot be created (/proc/self exists, takes no new files).
+  check_one_line_error(run_cli({"demo", "--out", "/proc/self"}), "--out: cannot write the file");
+}

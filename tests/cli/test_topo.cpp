@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "cli_runner.hpp"
 #include "test_support.hpp"
@@ -111,7 +114,8 @@ TEST_CASE("topo: bad input is one line and exit code 2", "[cli]") {
       run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("two_socket_cxl").string(),
                "--initiator", "3"}),
       "node 3 is not a memory node with CPUs");
-  check_one_line_error(run_cli({"topo", "--config", missing}), "cannot read configuration file");
+  check_one_line_error(run_cli({"topo", "--config", missing}),
+                       "cannot read the configuration file");
   check_one_line_error(
       run_cli({"topo", "--sysfs-root", tierflow::test::sysfs_fixture("laptop").string()},
               "TIERFLOW_TIERS=ssd=0"),
@@ -144,4 +148,77 @@ TEST_CASE("tierflow --version and --help", "[cli]") {
   CHECK(help.exit_code == 0);
   CHECK_THAT(help.out, Catch::Contains("--hwloc-xml"));
   CHECK_THAT(help.out, Catch::Contains("--sysfs-root"));
+}
+
+TEST_CASE("cli: parse errors are one line 'tierflow: error: SOURCE: PROBLEM: TEXT'",
+          "[cli][bad_input]") {
+  struct row {
+    std::vector<std::string> args;
+    std::string expected;  // the whole message after the prefix starts so
+  };
+  const std::vector<row> rows = {
+      {{"nope"}, "command line: unknown command (topo, bench, demo or tune): 'nope'"},
+      {{"topo", "extra"},
+       "command line: unknown command, flag or argument (see tierflow --help): 'extra'"},
+      {{"topo", "--initiator", "abc"}, "--initiator: not a valid value: 'abc'"},
+      {{"demo", "--steps", "1", "--steps", "2"}, "--steps: given more than once: '--steps'"},
+      {{"demo", "--steps", "-3"}, "--steps: must be a whole number from 1 to "},
+      {{}, "command line: a command is required"},
+  };
+  for (const auto& r : rows) {
+    const auto result = run_cli(r.args);
+    INFO("args: " << (r.args.empty() ? std::string() : r.args[0]));
+    check_one_line_error(result, r.expected);
+    CHECK_THAT(result.err, Catch::StartsWith("tierflow: error: " + r.expected));
+    CHECK(occurrences(result.err, "tierflow") == 1 + occurrences(r.expected, "tierflow"));
+  }
+  // A library message that carries the prefix itself is not prefixed twice.
+  tierflow::test::scratch_dir dir;
+  const auto fifo = dir.path() / "config.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto r = run_cli({"topo", "--config", fifo.string()});
+  check_one_line_error(r, fifo.string() + ": the configuration file is not a regular file");
+  CHECK(occurrences(r.err, "error:") == 1);
+}
+
+TEST_CASE(
+    "cli: every count flag refuses negatives and every number flag nan, inf and "
+    "negatives, before any work",
+    "[cli][bad_input]") {
+  struct row {
+    std::string command;
+    std::string flag;
+    std::string value;
+  };
+  std::vector<row> rows;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> counts = {
+      {"demo",
+       {"--layers", "--width", "--batch", "--samples", "--steps", "--window", "--adam-chunk",
+        "--seed", "--log-every"}},
+      {"tune", {"--layers", "--width", "--batch", "--steps", "--warmup"}},
+      {"bench",
+       {"--samples", "--buffer-mib", "--threads", "--link-mib", "--chunk-kib", "--latency-loads",
+        "--llc-mib"}},
+  };
+  // "-1" on every count flag (each process costs time: the other shapes on one per command).
+  for (const auto& [command, flags] : counts) {
+    for (const auto& flag : flags) {
+      rows.push_back({command, flag, "-1"});
+    }
+    for (const char* value : {"-18446744073709551615", "1.5", "1e3", "x"}) {
+      rows.push_back({command, flags.front(), value});
+    }
+  }
+  for (const auto& [command, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"demo", "--hbm-budget"}, {"demo", "--lr"}, {"tune", "--hbm-budget"}}) {
+    for (const char* value : {"nan", "inf", "-1", "1e400", "x"}) {
+      rows.push_back({command, flag, value});
+    }
+  }
+  for (const auto& r : rows) {
+    INFO(r.command << " " << r.flag << " " << r.value);
+    const auto result = run_cli({r.command, r.flag, r.value});
+    check_one_line_error(result, r.flag + ": must be a ");
+    CHECK_THAT(result.err, Catch::EndsWith(": '" + r.value + "'\n"));
+  }
 }

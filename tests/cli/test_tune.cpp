@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "cli_runner.hpp"
 #include "test_support.hpp"
@@ -264,7 +265,7 @@ TEST_CASE("tune --with-model on the demo's model reports the model's error", "[c
 TEST_CASE("tune --plan: bad plans and flags are one line and exit code 2", "[cli][tune]") {
   tierflow::test::scratch_dir dir;
   const auto missing = (dir.path() / "none.json").string();
-  check_one_line_error(run_cli({"tune", "--plan", missing}), missing + ": cannot read the file");
+  check_one_line_error(run_cli({"tune", "--plan", missing}), missing + ": cannot read the plan");
   const auto bad = (dir.path() / "bad.json").string();
   write_file(bad, R"({"tierflow_plan":1,"buffers":[{"name":"w","bytes":64}],
                       "steps":[{"name":"s","reads":["v"],"compute_ms":1}]})");
@@ -273,4 +274,46 @@ TEST_CASE("tune --plan: bad plans and flags are one line and exit code 2", "[cli
   write_file(bad, "{\"tierflow_plan\":3}");
   check_one_line_error(run_cli({"tune", "--plan", bad, "--model-only"}), "unsupported version");
   check_one_line_error(run_cli({"tune", "--model-only", "--with-model"}), "--model-only");
+}
+
+TEST_CASE(
+    "tune: a plan that is not a regular file, an --html that cannot be written, and a "
+    "budget nothing fits",
+    "[cli][tune][bad_input]") {
+  tierflow::test::scratch_dir dir;
+  const auto fifo = dir.path() / "plan.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  check_one_line_error(run_cli({"tune", "--plan", fifo.string()}),
+                       fifo.string() + ": the plan is not a regular file");
+  check_one_line_error(run_cli({"tune", "--plan", dir.path().string()}),
+                       dir.path().string() + ": the plan is a directory");
+  check_one_line_error(run_cli({"tune", "--html", "/proc/tierflow-t.html"}),
+                       "--html: cannot write the file");
+  check_one_line_error(run_cli({"tune", "--html", dir.path().string()}), "--html: is a folder");
+
+  // A budget below every setting: the sweep is still shown, with which fit (none), and the
+  // refusal names the smallest staging it would take.
+  const auto path = (dir.path() / "plan.json").string();
+  write_file(path, R"({"tierflow_plan":1,"buffers":[{"name":"w","bytes":4194304}],
+                       "steps":[{"name":"s","reads":["w"],"compute_ms":1}]})");
+  const auto r =
+      run_cli({"tune", "--plan", path, "--windows", "0,1", "--model-only", "--hbm-budget", "0.5"},
+              "TIERFLOW_EMU_LINK=h2d=25GB/s,d2h=25GB/s,latency=10us");
+  INFO("stderr: " << r.err << "\nstdout: " << r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Contains("fits budget"));
+  CHECK(occurrences(r.out, "  no\n") == 2);
+  CHECK_THAT(r.err, Catch::Contains("tierflow: error: --hbm-budget: no setting of the sweep fits "
+                                    "in it (none of the 2 above; the smallest needs ") &&
+                        Catch::EndsWith("'0.5 MiB'\n"));
+  const auto j = run_cli(
+      {"tune", "--plan", path, "--windows", "0,1", "--model-only", "--hbm-budget", "0.5", "--json"},
+      "TIERFLOW_EMU_LINK=h2d=25GB/s,d2h=25GB/s,latency=10us");
+  CHECK(j.exit_code == 2);
+  const auto doc = json::parse(j.out);
+  CHECK(doc["recommended"].is_null());
+  REQUIRE(doc["sweep"].size() == 2);
+  for (const auto& p : doc["sweep"]) {
+    CHECK(p["fits_budget"] == false);
+  }
 }

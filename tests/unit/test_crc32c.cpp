@@ -192,11 +192,19 @@ TEST_CASE("durable_writer errors name the file", "[checkpoint]") {
                     Catch::StartsWith("checkpoint " + nowhere.string() + ": ") &&
                         Catch::EndsWith(": No such file or directory"));
 
-  // A rename over a directory fails at commit: the error names the target, the temp file goes
-  // and the writer is spent.
+  // A directory is refused at once (the rename would fail, or replace an empty one).
+  const auto folder = dir.path() / "folder";
+  std::filesystem::create_directory(folder);
+  CHECK_THROWS_WITH(durable_writer(folder, "checkpoint"),
+                    Catch::StartsWith("checkpoint " + folder.string() + ": is a directory"));
+  std::filesystem::remove(folder);
+
+  // One that appears after the writer was made fails at commit: the error names the target,
+  // the temp file goes and the writer is spent.
   const auto occupied = dir.path() / "occupied";
-  std::filesystem::create_directory(occupied);
   durable_writer out(occupied, "checkpoint");
+  std::filesystem::create_directory(occupied);
+  std::filesystem::create_directory(occupied / "inside");  // not empty: rename cannot replace it
   const unsigned char byte = 7;
   out.write(&byte, 1);
   CHECK_THROWS_WITH(out.commit(), Catch::StartsWith("checkpoint " + occupied.string() + ": "));
@@ -230,7 +238,7 @@ TEST_CASE("read_file refuses missing, oversized and non-regular files", "[checkp
   } catch (const tierflow::input_error& e) {
     CHECK(e.source() == missing.string());
     CHECK(std::string(e.what()) ==
-          missing.string() + ": cannot open the checkpoint: No such file or directory");
+          missing.string() + ": cannot read the checkpoint: No such file or directory");
   }
 
   const auto big = dir.path() / "big.tfck";

@@ -337,8 +337,8 @@ TEST_CASE("link models parse, and bad ones are clear errors", "[device][link]") 
     const char* problem;
   };
   for (const auto& c : {bad_case{"", "empty link model"}, bad_case{"h2d", "expected KEY=VALUE"},
-                        bad_case{"h2d=fast", "h2d: expected a bandwidth above 0"},
-                        bad_case{"h2d=0GB/s", "h2d: expected a bandwidth above 0"},
+                        bad_case{"h2d=fast", "h2d: expected a bandwidth from 1MB/s"},
+                        bad_case{"h2d=0GB/s", "h2d: expected a bandwidth from 1MB/s"},
                         bad_case{"d2h=25Gb/s", "d2h: expected a bandwidth"},
                         bad_case{"latency=10", "latency: expected a duration"},
                         bad_case{"latency=-1us", "latency: expected a duration"},

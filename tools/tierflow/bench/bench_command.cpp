@@ -15,8 +15,10 @@
 #include "bench/bench_html.hpp"
 #include "bench/bench_run.hpp"
 #include "commands.hpp"
+#include "common/flags.hpp"
 #include "common/format.hpp"
 #include "common/svg_chart.hpp"
+#include "tierflow/detail/input_file.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/topology.hpp"
 
@@ -315,13 +317,11 @@ json measure(bench_options& o) {
 
 // A report written by `tierflow bench --json`, checked before anything is drawn from it.
 json load_report(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw input_error(path, "cannot read the file");
-  }
+  constexpr std::uint64_t max_report_bytes = std::uint64_t{64} << 20;
+  const std::string text = detail::read_text_file(path, "report", max_report_bytes);
   json report;
   try {
-    report = json::parse(in);
+    report = json::parse(text);
   } catch (const json::parse_error& e) {
     throw input_error(path, std::string("not JSON: ") + e.what());
   }
@@ -406,12 +406,19 @@ int run(bench_options& o) {
     o.config.chunk_sizes.push_back(kib << 10);
   }
   if (!o.html.empty()) {  // refuse before measuring, not after
-    check_output_folder("--html", o.html);
+    check_output_file("--html", o.html);
   }
   json report = o.from_json.empty() ? measure(o) : load_report(o.from_json);
+  // The measurement is the work: a page that cannot be written after all is said after the
+  // results are printed, never instead of them.
+  std::string html_failure;
   if (!o.html.empty()) {
-    write_text_file(o.html, render_bench_html(report));
-    report["html"] = o.html;
+    try {
+      write_text_file(o.html, render_bench_html(report));
+      report["html"] = o.html;
+    } catch (const std::exception& e) {
+      html_failure = e.what();
+    }
   }
   if (o.json_output) {
     std::cout << report.dump(2) << '\n';
@@ -428,6 +435,11 @@ int run(bench_options& o) {
     if (report.contains("html")) {
       std::printf("report: %s\n", o.html.c_str());
     }
+  }
+  if (!html_failure.empty()) {
+    std::fprintf(stderr, "tierflow: error: --html: %s (the results are above)\n",
+                 html_failure.c_str());
+    return exit_failure;
   }
   bool verified = true;
   for (const auto& tc : report["testcases"]) {
@@ -457,33 +469,33 @@ action add_bench_command(CLI::App& app) {
   cmd->add_option("--samples", o->config.samples,
                   "Timed samples per measurement (after one "
                   "warm-up)")
-      ->check(CLI::Range(1, 1000))
+      ->check(count_in(1, 1000))
       ->capture_default_str();
   cmd->add_option("--buffer-mib", o->buffer_mib,
                   "MiB per array (default: 4 x the last-level cache; 8 x for latency)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(count_in(1, 1 << 20));
   cmd->add_option("--threads", o->config.threads,
                   "Thread counts for the bandwidth cases (default 1, 2, 4, ... and all CPUs of "
                   "the initiator)")
       ->delimiter(',')
-      ->check(CLI::Range(1u, 4096u));
+      ->check(count_in(1, 4096));
   cmd->add_option("--device", o->config.device,
                   "Device for the link cases: auto, emulated, "
                   "cuda, cuda:N")
       ->capture_default_str();
   cmd->add_option("--link-mib", o->link_mib, "MiB per host<->device copy")
-      ->check(CLI::Range(1, 1 << 16))
+      ->check(count_in(1, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--chunk-kib", o->chunk_kib,
                   "Chunk sizes of the sweep in KiB (default 64,256,...,65536)")
       ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(count_in(1, 1 << 20));
   cmd->add_option("--latency-loads", o->config.latency_loads, "Dependent loads per latency sample")
-      ->check(CLI::Range(1024, 1 << 30))
+      ->check(count_in(1024, 1 << 30))
       ->capture_default_str();
   cmd->add_option("--llc-mib", o->llc_mib,
                   "Last-level cache size the buffer rule uses, in MiB (default: detected)")
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(count_in(1, 1 << 16));
   cmd->add_flag("--json", o->json_output, "Print one JSON document (keys in docs/cli/bench.md)");
   cmd->add_flag("--csv", o->csv_output, "Print CSV, one row per testcase");
   cmd->add_option("--html", o->html, "Also write a self-contained HTML report to this file");

@@ -12,6 +12,7 @@
 #include "bench/case_registry.hpp"
 #include "bench/stream_kernels.hpp"
 #include "tierflow/build_config.hpp"
+#include "tierflow/detail/parse.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/error.hpp"
 
@@ -123,6 +124,12 @@ std::string utc_now() {
 
 void check_case_patterns(const std::vector<std::string>& patterns) {
   for (const auto& pattern : patterns) {
+    // An empty name is a prefix of every case: it used to select them all.
+    if (detail::trim(pattern).empty()) {
+      throw input_error("--case",
+                        "an empty case name selects nothing (leave --case out for every case)",
+                        pattern);
+    }
     const bool any =
         std::any_of(bench_cases().begin(), bench_cases().end(),
                     [&](const bench_case& c) { return case_selected(c.name, {pattern}); });

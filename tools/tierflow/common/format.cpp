@@ -1,8 +1,14 @@
 #include "common/format.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tierflow/error.hpp"
 
@@ -77,10 +83,25 @@ std::string render_table(const std::vector<std::string>& header,
   return out;
 }
 
-void check_output_folder(const char* flag, const std::string& path) {
-  const auto parent = std::filesystem::absolute(path).parent_path();
-  if (!std::filesystem::is_directory(parent)) {
+void check_output_file(const char* flag, const std::string& path) {
+  std::error_code ec;
+  const auto parent = std::filesystem::absolute(path, ec).parent_path();
+  if (ec || !std::filesystem::is_directory(parent, ec)) {
     throw input_error(flag, "no such directory: " + parent.string(), path);
+  }
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed && !S_ISREG(st.st_mode)) {
+    throw input_error(flag, S_ISDIR(st.st_mode) ? "is a folder" : "is not a regular file", path);
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    const int code = errno;
+    throw input_error(flag, std::string("cannot write the file: ") + std::strerror(code), path);
+  }
+  ::close(fd);
+  if (!existed) {
+    ::unlink(path.c_str());
   }
 }
 

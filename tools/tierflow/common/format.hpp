@@ -18,9 +18,11 @@ std::string format_number(std::optional<double> value, int decimals);
 /** A bandwidth in GB/s with 3 significant digits (`131`, `32.8`, `0.02`), `-` when unknown. */
 std::string format_bandwidth(std::optional<double> gbps);
 
-/** Refuses an output file whose folder does not exist, before any work is done.
- *  @throws input_error naming @p flag and the folder */
-void check_output_folder(const char* flag, const std::string& path);
+/** Refuses an output file that cannot be written, before any work is done: its folder is
+ *  missing, it is a folder or not a regular file, or opening it for writing fails (read-only
+ *  file system, no permission, /proc). A file the check creates is removed again.
+ *  @throws input_error naming @p flag, the reason and the path */
+void check_output_file(const char* flag, const std::string& path);
 
 /** Writes @p text to @p path, replacing it. @throws tierflow::error naming the file */
 void write_text_file(const std::filesystem::path& path, const std::string& text);

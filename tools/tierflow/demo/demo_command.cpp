@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common/flags.hpp"
 #include "common/format.hpp"
 #include "demo/demo_options.hpp"
 #include "demo/demo_train.hpp"
@@ -37,7 +38,8 @@ using namespace demo;
 // Bad flags, before anything runs.
 void check_demo_options(const demo_options& o) {
   if (o.layers == 0 || o.width == 0 || o.batch == 0 || o.steps == 0) {
-    throw input_error("tierflow demo", "--layers, --width, --batch and --steps must be > 0");
+    throw input_error("--layers", "--layers, --width, --batch and --steps must be > 0",
+                      std::to_string(o.layers));
   }
   if (o.samples < o.batch) {
     throw input_error("--samples", "must be at least --batch", std::to_string(o.samples));
@@ -61,6 +63,41 @@ void check_demo_options(const demo_options& o) {
   }
 }
 
+// Host memory the run needs, roughly (in double: the flags' caps keep it finite but not within
+// 64 bits): the initial weights, params, grads, master weights and two moments (x 6), the
+// resident reference run of --verify (x 2 of all that), and the data set with its targets.
+double demo_host_bytes(const demo_options& o) {
+  const auto width = static_cast<double>(o.width);
+  const double weights = static_cast<double>(o.layers) * width * width * sizeof(float);
+  const double data = 2.0 * static_cast<double>(o.samples) * width * sizeof(float);
+  const double activations =
+      3.0 * static_cast<double>(o.layers) * static_cast<double>(o.batch) * width * sizeof(float);
+  return (o.verify ? 2.0 : 1.0) * (6.0 * weights + activations) + data;
+}
+
+// A model that cannot fit the machine's host memory is refused before its weights are built
+// (they used to be, and the kernel's OOM killer ended the run).
+void check_demo_fits(const demo_options& o, const topology& topo) {
+  double host = 0;
+  for (const auto& t : topo.tiers()) {
+    if (t.kind != tier_kind::hbm) {
+      host += static_cast<double>(t.capacity_bytes);
+    }
+  }
+  const double needed = demo_host_bytes(o);
+  if (host > 0 && needed > host) {
+    const auto mib = [](double bytes) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+      return std::string(text);
+    };
+    throw input_error("--layers",
+                      "the model needs about " + mib(needed) + " of host memory; the machine has " +
+                          mib(host) + " (lower --layers, --width, --batch or --samples)",
+                      std::to_string(o.layers) + " layers x " + std::to_string(o.width));
+  }
+}
+
 // Bad input the machine decides, before anything runs: the output folder, then the placement.
 topology check_demo_environment(const demo_options& o) {
   std::error_code made;
@@ -70,10 +107,14 @@ topology check_demo_environment(const demo_options& o) {
                       "cannot create the folder" + (made ? ": " + made.message() : std::string()),
                       o.out);
   }
+  for (const char* name : {"metrics.json", "trace.json", "metrics.prom"}) {
+    check_output_file("--out", (std::filesystem::path(o.out) / name).string());
+  }
   topology topo = topology::discover();
   if (!o.placement.empty()) {
     (void)placement_spec::parse(o.placement, "--placement", topo);
   }
+  check_demo_fits(o, topo);
   return topo;
 }
 
@@ -223,12 +264,24 @@ int run_demo(const demo_options& o) {
   const link_fits probed = probe_links(*dev);
 
   const auto dir = std::filesystem::path(o.out);
-  write_run_files(dir, run);
+  // The run is the work: files that cannot be written after all (checked at the start) are
+  // said after the summary, never instead of it.
+  std::string files_failure;
+  try {
+    write_run_files(dir, run);
+  } catch (const std::exception& e) {
+    files_failure = e.what();
+  }
   const json verify = o.verify ? verify_against_resident(o, *dev, topo, run) : json();
   if (o.as_json) {
     std::printf("%s\n", demo_json(o, *dev, run, probed, verify, dir).dump().c_str());
   } else {
     print_demo_summary(o, *dev, run, probed, verify, dir);
+  }
+  if (!files_failure.empty()) {
+    std::fprintf(stderr, "tierflow: error: --out: %s (the results are above)\n",
+                 files_failure.c_str());
+    return exit_failure;
   }
   if (o.verify && !verify["bit_identical"].get<bool>()) {
     return exit_failure;
@@ -243,11 +296,18 @@ action add_demo_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "demo", "Train a dense stack with its weights streamed from a host tier and Adam offloaded");
   demo::add_model_shape_options(*cmd, *o);
-  cmd->add_option("--samples", o->samples, "Size of the fixed data set")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Training steps")->capture_default_str();
-  cmd->add_option("--window", o->window, "Prefetch window, in layers")->capture_default_str();
+  cmd->add_option("--samples", o->samples, "Size of the fixed data set")
+      ->check(count_in(1, max_count))
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Training steps")
+      ->check(count_in(1, max_count))
+      ->capture_default_str();
+  cmd->add_option("--window", o->window, "Prefetch window, in layers")
+      ->check(count_in(0, demo::max_layers))
+      ->capture_default_str();
   cmd->add_option("--hbm-budget", o->hbm_budget_mib,
                   "HBM for staging weights, MiB (0: window + 2 layers)")
+      ->check(number_in(0, demo::max_budget_mib))
       ->capture_default_str();
   cmd->add_option("--adam-mode", o->adam_mode, "cpu, streamed or auto")->capture_default_str();
   cmd->add_option("--placement", o->placement,
@@ -258,11 +318,17 @@ action add_demo_command(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "auto (CUDA device 0 when usable, else emulated), cuda, cuda:N or emulated")
       ->capture_default_str();
-  cmd->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
-  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")->capture_default_str();
+  cmd->add_option("--lr", o->lr, "Adam learning rate")
+      ->check(number_in(0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")
+      ->check(count_in(1, max_count))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the data and the initial weights")
+      ->check(count_in(0))
       ->capture_default_str();
   cmd->add_option("--log-every", o->log_every, "Progress line every N steps (0: none)")
+      ->check(count_in(0, max_count))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Directory for metrics.json, trace.json, metrics.prom")
       ->capture_default_str();

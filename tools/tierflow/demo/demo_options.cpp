@@ -1,14 +1,21 @@
 // The options `demo` and `tune` share (demo_options.hpp).
 #include "demo/demo_options.hpp"
 
+#include "common/flags.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::cli::demo {
 
 void add_model_shape_options(CLI::App& cmd, demo_options& o) {
-  cmd.add_option("--layers", o.layers, "Dense layers")->capture_default_str();
-  cmd.add_option("--width", o.width, "Units per layer")->capture_default_str();
-  cmd.add_option("--batch", o.batch, "Samples per step")->capture_default_str();
+  cmd.add_option("--layers", o.layers, "Dense layers")
+      ->check(count_in(1, max_layers))
+      ->capture_default_str();
+  cmd.add_option("--width", o.width, "Units per layer")
+      ->check(count_in(1, max_width))
+      ->capture_default_str();
+  cmd.add_option("--batch", o.batch, "Samples per step")
+      ->check(count_in(1, max_width))
+      ->capture_default_str();
 }
 
 adam_mode checked_adam_mode(const std::string& text) {

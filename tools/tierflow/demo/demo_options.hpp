@@ -12,6 +12,13 @@
 namespace tierflow::cli::demo {
 
 /** @brief The demo's model, its training and where it runs (one field per `demo` flag). */
+/** The largest --layers and --window, and the largest --width and --batch: beyond them the model
+ *  cannot fit any machine, and their products stay far from wrapping 64 bits. */
+inline constexpr std::uint64_t max_layers = std::uint64_t{1} << 20;
+inline constexpr std::uint64_t max_width = std::uint64_t{1} << 20;
+/** The largest --hbm-budget, MiB (1 PiB). */
+inline constexpr double max_budget_mib = 1073741824.0;
+
 struct demo_options {
   std::size_t layers = 8;
   std::size_t width = 512;

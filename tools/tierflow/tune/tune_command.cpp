@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.hpp"
+#include "common/flags.hpp"
 #include "common/format.hpp"
 #include "tierflow/error.hpp"
 #include "tune/tune_report.hpp"
@@ -15,6 +16,9 @@
 namespace tierflow::cli {
 
 namespace {
+
+// The most steps (measured or warm-up) per setting: each setting runs them all.
+constexpr std::uint64_t max_tune_steps = 1000000;
 
 int run_tune(const tune::tune_options& t) {
   const auto windows = tune::parse_list(t.windows, "--windows", true);
@@ -25,7 +29,7 @@ int run_tune(const tune::tune_options& t) {
     throw input_error("--model-only", "cannot go with --with-model (which also runs the sweep)");
   }
   if (!t.html.empty()) {
-    check_output_folder("--html", t.html);
+    check_output_file("--html", t.html);
   }
   tune::tune_sweep s = t.plan.empty() ? tune::sweep_demo(t, windows) : tune::sweep_plan(t, windows);
   return tune::report_tune(t, s);
@@ -43,8 +47,11 @@ action add_tune_command(CLI::App& app) {
                   "Workload file (JSON: buffers and steps with compute_ms) instead of the demo's "
                   "model");
   demo::add_model_shape_options(*cmd, t->model);
-  cmd->add_option("--steps", t->measure_steps, "Steps measured per setting")->capture_default_str();
+  cmd->add_option("--steps", t->measure_steps, "Steps measured per setting")
+      ->check(count_in(1, max_tune_steps))
+      ->capture_default_str();
   cmd->add_option("--warmup", t->warmup_steps, "Steps run first, not measured")
+      ->check(count_in(0, max_tune_steps))
       ->capture_default_str();
   cmd->add_option("--windows", t->windows, "Prefetch windows to try, in layers (plan: steps)")
       ->capture_default_str();
@@ -55,6 +62,7 @@ action add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--hbm-budget", t->hbm_budget_mib,
                   "Recommend only settings whose HBM staging fits, MiB (0: any)")
+      ->check(number_in(0, demo::max_budget_mib))
       ->capture_default_str();
   cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)");
   cmd->add_option("--placement", t->model.placement, "Placement spec");

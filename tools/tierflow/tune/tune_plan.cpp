@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tierflow/detail/input_file.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::cli {
@@ -211,16 +212,8 @@ tune_plan parse_tune_plan(std::string_view text, const std::string& source) {
 }
 
 tune_plan load_tune_plan(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw input_error(path, "cannot read the file");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    throw input_error(path, "cannot read the file");
-  }
-  return parse_tune_plan(text.str(), path);
+  constexpr std::uint64_t max_plan_bytes = std::uint64_t{64} << 20;
+  return parse_tune_plan(detail::read_text_file(path, "plan", max_plan_bytes), path);
 }
 
 }  // namespace tierflow::cli

@@ -93,6 +93,7 @@ void mark_pareto(std::vector<tune_point>& sweep) {
 
 // The fastest setting within the budget, and the recommendation: within 2 % of it, the least
 // HBM. The skipped modes are said on stderr on the way.
+// (Both null when no setting fits the budget.)
 std::pair<const tune_point*, const tune_point*> recommend(const tune_options& t,
                                                           const tune_sweep& s,
                                                           std::uint64_t budget) {
@@ -117,9 +118,8 @@ std::pair<const tune_point*, const tune_point*> recommend(const tune_options& t,
                    k["reason"].get<std::string>().c_str());
     }
   }
-  if (best == nullptr) {
-    throw input_error("--hbm-budget", "no setting of the sweep fits in it",
-                      std::to_string(t.hbm_budget_mib) + " MiB");
+  if (best == nullptr) {  // nothing fits: the caller shows the sweep, then says so
+    return {nullptr, nullptr};
   }
   const tune_point* pick = best;
   for (const auto& p : sweep) {
@@ -131,12 +131,14 @@ std::pair<const tune_point*, const tune_point*> recommend(const tune_options& t,
 }
 
 // The sweep's rows as JSON; @p errors gets |predicted / measured - 1| of each predicted point.
-json sweep_rows(const std::vector<tune_point>& sweep, std::vector<double>& errors) {
+json sweep_rows(const std::vector<tune_point>& sweep, std::uint64_t budget,
+                std::vector<double>& errors) {
   json rows = json::array();
   for (const auto& p : sweep) {
-    json row{{"window", p.window},      {"chunk_bytes", p.chunk},    {"adam_mode", p.mode},
-             {"step_time_s", p.step_s}, {"stall_fraction", p.stall}, {"hbm_staging_bytes", p.hbm},
-             {"pareto", p.pareto}};
+    json row{{"window", p.window},        {"chunk_bytes", p.chunk},
+             {"adam_mode", p.mode},       {"step_time_s", p.step_s},
+             {"stall_fraction", p.stall}, {"hbm_staging_bytes", p.hbm},
+             {"pareto", p.pareto},        {"fits_budget", budget == 0 || p.hbm <= budget}};
     if (p.predicted_s != not_predicted) {
       row["predicted_step_time_s"] = p.predicted_s;
       row["prediction_error"] = p.predicted_s / p.step_s - 1;
@@ -160,23 +162,30 @@ void add_model_errors(tune_sweep& s, std::vector<double> errors) {
   s.model["max_abs_error"] = errors.back();
 }
 
-void print_tune_table(const tune_options& t, const tune_sweep& s, const tune_point& best,
-                      const tune_point& pick, bool with_model) {
+// The sweep's table; with a budget, a column says which settings fit in it.
+void print_sweep_table(const tune_options& t, const tune_sweep& s, bool with_model,
+                       std::uint64_t budget) {
   if (t.model_only) {
     std::printf("predicted by the model (nothing was run but the link probe%s):\n",
                 t.plan.empty() ? " and the calibration" : "");
   }
-  std::printf("window  adam chunk    mode      step ms  %s stall %%  HBM staging  pareto\n",
-              with_model ? "predicted ms  error %" : "");
+  std::printf("window  adam chunk    mode      step ms  %s stall %%  HBM staging  pareto%s\n",
+              with_model ? "predicted ms  error %" : "", budget != 0 ? "  fits budget" : "");
   for (const auto& p : s.points) {
     std::printf("%6llu  %8.1f KiB  %-8s  %7.2f  ", static_cast<unsigned long long>(p.window),
                 static_cast<double>(p.chunk) / 1024, p.mode.c_str(), p.step_s * 1e3);
     if (with_model) {
       std::printf("%12.2f  %7.1f ", p.predicted_s * 1e3, 100 * (p.predicted_s / p.step_s - 1));
     }
-    std::printf("%7.1f  %8.2f MiB  %s\n", 100 * p.stall, static_cast<double>(p.hbm) / 1048576.0,
-                p.pareto ? "*" : "");
+    std::printf("%7.1f  %8.2f MiB  %-6s%s\n", 100 * p.stall, static_cast<double>(p.hbm) / 1048576.0,
+                p.pareto ? "*" : "", budget == 0 ? "" : (p.hbm <= budget ? "  yes" : "  no"));
   }
+}
+
+void print_tune_table(const tune_options& t, const tune_sweep& s, const tune_point& best,
+                      const tune_point& pick, bool with_model, std::uint64_t budget,
+                      bool html_written) {
+  print_sweep_table(t, s, with_model, budget);
   if (pick.mode == "none") {
     std::printf("recommended: window %llu (step %.2f ms, best of the sweep %.2f ms)\n",
                 static_cast<unsigned long long>(pick.window), pick.step_s * 1e3, best.step_s * 1e3);
@@ -193,9 +202,33 @@ void print_tune_table(const tune_options& t, const tune_sweep& s, const tune_poi
                 100 * s.model["median_abs_error"].get<double>(),
                 100 * s.model["max_abs_error"].get<double>());
   }
-  if (!t.html.empty()) {
+  if (html_written) {
     std::printf("report: %s\n", t.html.c_str());
   }
+}
+
+// No setting fits --hbm-budget: the sweep is still shown (it cost the run), then the refusal
+// names the smallest staging the sweep needed.
+int report_nothing_fits(const tune_options& t, const tune_sweep& s, json doc, bool with_model,
+                        std::uint64_t budget) {
+  std::uint64_t smallest = s.points.front().hbm;
+  for (const auto& p : s.points) {
+    smallest = std::min(smallest, p.hbm);
+  }
+  if (t.as_json) {
+    doc["recommended"] = nullptr;
+    doc["best_step_time_s"] = nullptr;
+    std::printf("%s\n", doc.dump().c_str());
+  } else {
+    print_sweep_table(t, s, with_model, budget);
+  }
+  char need[64];
+  std::snprintf(need, sizeof need, "%.2f MiB", static_cast<double>(smallest) / 1048576.0);
+  std::fprintf(stderr,
+               "tierflow: error: --hbm-budget: no setting of the sweep fits in it (none of the "
+               "%zu above; the smallest needs %s): '%g MiB'\n",
+               s.points.size(), need, t.hbm_budget_mib);
+  return exit_bad_input;
 }
 
 }  // namespace
@@ -205,7 +238,16 @@ int report_tune(const tune_options& t, tune_sweep& s) {
   mark_pareto(s.points);
   const auto [best, pick] = recommend(t, s, budget);
   std::vector<double> errors;
-  json rows = sweep_rows(s.points, errors);
+  json rows = sweep_rows(s.points, budget, errors);
+  if (best == nullptr) {
+    add_model_errors(s, errors);
+    json doc{{"workload", s.workload},
+             {"predicted", t.model_only},
+             {"hbm_budget_bytes", budget},
+             {"sweep", rows},
+             {"skipped", s.skipped}};
+    return report_nothing_fits(t, s, std::move(doc), !errors.empty(), budget);
+  }
   json doc{{"workload", s.workload},
            {"predicted", t.model_only},
            {"steps_measured", t.model_only ? std::size_t{0} : t.measure_steps},
@@ -222,15 +264,28 @@ int report_tune(const tune_options& t, tune_sweep& s) {
   if (!s.model.is_null()) {
     doc["model"] = s.model;
   }
+  // A page that cannot be written after all does not throw the sweep away: it is printed,
+  // then the failure said.
+  std::string html_failure;
   if (!t.html.empty()) {
-    write_text_file(t.html, tune_html(s.points, *pick, s.workload_text, t.model_only));
-    doc["html"] = t.html;
+    try {
+      write_text_file(t.html, tune_html(s.points, *pick, s.workload_text, t.model_only));
+      doc["html"] = t.html;
+    } catch (const std::exception& e) {
+      html_failure = e.what();
+    }
   }
   if (t.as_json) {
     std::printf("%s\n", doc.dump().c_str());
-    return exit_ok;
+  } else {
+    print_tune_table(t, s, *best, *pick, !errors.empty(), budget,
+                     !t.html.empty() && html_failure.empty());
   }
-  print_tune_table(t, s, *best, *pick, !errors.empty());
+  if (!html_failure.empty()) {
+    std::fprintf(stderr, "tierflow: error: --html: %s (the results are above)\n",
+                 html_failure.c_str());
+    return exit_failure;
+  }
   return exit_ok;
 }
 
