@@ -181,6 +181,7 @@ _PROTOTYPES = {
     "tf_adam_master_weights": (_STATUS, [_ADAM, c_size_t, _FLOATS, c_size_t]),
     "tf_adam_param_count": (_STATUS, [_ADAM, POINTER(c_size_t)]),
     "tf_adam_param_elements": (_STATUS, [_ADAM, c_size_t, POINTER(c_size_t)]),
+    "tf_adam_grad_ready": (_STATUS, [_ADAM, c_size_t, c_void_p, c_void_p]),
     "tf_adam_step_on": (
         _STATUS,
         [_ADAM, POINTER(c_void_p), c_size_t, c_void_p, POINTER(c_int), POINTER(c_double)],

@@ -16,6 +16,7 @@ import ctypes
 import math
 import os
 import threading
+import weakref
 from collections import defaultdict
 from typing import Optional
 
@@ -130,13 +131,13 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, max_grad_norm=None, mode="auto",
-                 placement=None, chunk_elements=None, threads=None):
+                 placement=None, chunk_elements=None, threads=None, overlap="none"):
         hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         flags = {"amsgrad": amsgrad, "maximize": maximize, "capturable": capturable,
                  "differentiable": differentiable, "fused": fused}
         _check_group({**hyper, **flags}, 0)
         self._options = self._make_options(max_grad_norm, mode, placement, chunk_elements,
-                                           threads)
+                                           threads, overlap)
         self._init_runtime()
         defaults = _torch_defaults(self._torch_class, **hyper)
         if "foreach" in defaults:
@@ -145,7 +146,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
 
     # --- construction -------------------------------------------------------------------
     @staticmethod
-    def _make_options(max_grad_norm, mode, placement, chunk_elements, threads):
+    def _make_options(max_grad_norm, mode, placement, chunk_elements, threads, overlap="none"):
+        if overlap not in ("none", "backward"):
+            raise ValueError(f"overlap must be 'none' or 'backward', not {overlap!r}")
         if mode not in _capi.ADAM_MODES:
             raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
         if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
@@ -156,7 +159,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         if placement is not None and not isinstance(placement, str):
             raise TypeError(f"placement must be a spec string, not {type(placement).__name__}")
         return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
-                "chunk_elements": chunk_elements, "threads": threads}
+                "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap}
 
     def _init_runtime(self) -> None:
         self._adam = None  # tf_adam*, created by _ensure_built
@@ -168,11 +171,19 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self._hypers = {}  # C group -> the hyper tuple last pushed
         self.last_grad_norm = None
         self.last_step_applied = None
+        self._entry_of = {}  # id(param) -> its index in _entries
+        self._hooked = {}  # id(param) -> the hook handle (or AccumulateGrad node) kept alive
+        #: True while the backward passes are not the last before step() (gradient
+        #: accumulation): overlap="backward" then announces no grad.
+        self.accumulating = False
 
     def __setstate__(self, state):
         super().__setstate__(state)
         if "_options" in state:
             self._init_runtime()
+            if self._options.get("overlap") == "backward":
+                for _, _, p in self._flat():
+                    self._hook(p)
 
     def __getstate__(self):
         out = super().__getstate__()
@@ -210,6 +221,38 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             seen[id(p)] = (gi, base + j)
             device = device or p.device
         super().add_param_group(group)
+        if self._options.get("overlap") == "backward":
+            for p in params:
+                self._hook(p)
+
+    # --- overlap="backward": each grad announced as soon as autograd has accumulated it ---
+    def _hook(self, p) -> None:
+        if not p.requires_grad or id(p) in self._hooked:
+            return
+        ref = weakref.ref(self)
+
+        def announce(*_args, _p=p):
+            opt = ref()
+            if opt is not None:
+                opt._grad_ready(_p)
+
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            self._hooked[id(p)] = p.register_post_accumulate_grad_hook(announce)
+        else:  # torch 1.13: a post-hook on the param's AccumulateGrad node, as DDP does
+            with torch.enable_grad():
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+            node.register_hook(announce)
+            self._hooked[id(p)] = node
+
+    def _grad_ready(self, p) -> None:
+        i = self._entry_of.get(id(p))
+        if self.accumulating or self._adam is None or i is None:
+            return  # the first step (no C optimizer yet) or an accumulating pass: step() does it
+        g = p.grad
+        if (g is None or g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
+                or g.device != p.device or not g.is_contiguous()):
+            return  # step() checks it and says what is wrong
+        _capi.call("tf_adam_grad_ready", self._adam, i, g.data_ptr(), _stream(self._device))
 
     def _flat(self):
         """(group, flat index, param) over every group, in state_dict order."""
@@ -254,6 +297,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         adam = self._create(device, entries, groups)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
+        self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
         self._hypers = {}
         for i, (_, p) in enumerate(entries):
             if id(p) in carried:
@@ -295,6 +339,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             options.mode = _capi.ADAM_CPU
         options.chunk_elements = o["chunk_elements"] or 0
         options.threads = o["threads"] or 0
+        options.overlap = 1 if o.get("overlap") == "backward" else 0
         options.max_grad_norm = o["max_grad_norm"] or 0.0
         placement = o["placement"].encode() if o["placement"] is not None else None
         options.placement = placement
