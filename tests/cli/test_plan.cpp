@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 #include "cli_runner.hpp"
 #include "plan/plan_model.hpp"
@@ -260,6 +261,11 @@ TEST_CASE("plan: bad specs are errors naming the field and the value", "[cli][pl
   tierflow::test::scratch_dir dir;
   check_one_line_error(run_cli({"plan", "--spec", (dir.path() / "none.json").string()}),
                        "cannot read");
+  // A FIFO or a folder is refused at once (never waited on), through the one file reader.
+  const std::string fifo = (dir.path() / "spec.fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  check_one_line_error(run_cli({"plan", "--spec", fifo}), "not a regular file");
+  check_one_line_error(run_cli({"plan", "--spec", dir.path().string()}), "is a directory");
   check_one_line_error(run_cli({"plan", "--spec", example("dgx_h100_cxl_1t"), "--nodes", "0"}),
                        "--nodes");
 }

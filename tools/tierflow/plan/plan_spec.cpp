@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_checker.hpp"
+#include "tierflow/detail/input_file.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::cli::plan {
@@ -19,18 +21,9 @@ using json = nlohmann::json;
 constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 
 // Every check throws through this: the file, the field, what is wrong, the value.
-class spec_checker {
+class spec_checker : public json_checker {
  public:
-  explicit spec_checker(const std::string& source) : source_(source) {}
-
-  [[noreturn]] void fail(const std::string& where, const std::string& problem,
-                         const json* value = nullptr) const {
-    std::string text;
-    if (value != nullptr) {
-      text = value->dump(-1, ' ', true, json::error_handler_t::replace);
-    }
-    throw input_error(source_, where.empty() ? problem : where + ": " + problem, text);
-  }
+  using json_checker::json_checker;
 
   const json& object(const json& parent, const std::string& where, const char* key,
                      std::initializer_list<const char*> allowed) const {
@@ -41,27 +34,6 @@ class spec_checker {
     }
     only_keys(v, at, allowed);
     return v;
-  }
-
-  void only_keys(const json& object, const std::string& where,
-                 std::initializer_list<const char*> allowed) const {
-    for (const auto& [key, value] : object.items()) {
-      bool known = false;
-      for (const char* a : allowed) {
-        known = known || key == a;
-      }
-      if (!known) {
-        fail(where, "unknown key \"" + key + "\"");
-      }
-    }
-  }
-
-  const json& member(const json& object, const std::string& where, const char* key) const {
-    const auto it = object.find(key);
-    if (it == object.end()) {
-      fail(where, std::string("missing key \"") + key + "\"");
-    }
-    return *it;
   }
 
   // A number > 0 and ≤ @p max (finite: JSON has no nan or inf, but a literal like 1e999 is
@@ -106,9 +78,6 @@ class spec_checker {
     }
     return v.get<std::string>();
   }
-
- private:
-  const std::string& source_;
 };
 
 double dtype_bytes(const json& object, const std::string& where, const char* key, double fallback,
@@ -263,13 +232,9 @@ plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
 }
 
 plan_spec load_plan_spec(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw input_error(path, "cannot read the spec file");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_plan_spec(text.str(), path);
+  // A FIFO, a folder or a device is refused, never waited on; a spec is a few kB.
+  constexpr std::uint64_t max_spec_bytes = 16ull << 20;
+  return parse_plan_spec(detail::read_text_file(path, "spec file", max_spec_bytes), path);
 }
 
 }  // namespace tierflow::cli::plan

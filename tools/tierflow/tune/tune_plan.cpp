@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_checker.hpp"
 #include "tierflow/detail/input_file.hpp"
 #include "tierflow/error.hpp"
 
@@ -19,40 +20,9 @@ namespace {
 using json = nlohmann::json;
 
 // Every check of a plan throws through this: the file, then where in it, then what is wrong.
-class plan_checker {
+class plan_checker : public json_checker {
  public:
-  explicit plan_checker(const std::string& source) : source_(source) {}
-
-  [[noreturn]] void fail(const std::string& where, const std::string& problem,
-                         const json* value = nullptr) const {
-    std::string text;
-    if (value != nullptr) {
-      text = value->dump(-1, ' ', true, json::error_handler_t::replace);
-    }
-    throw input_error(source_, where.empty() ? problem : where + ": " + problem, text);
-  }
-
-  // The object at @p where has only keys out of @p allowed.
-  void only_keys(const json& object, const std::string& where,
-                 std::initializer_list<const char*> allowed) const {
-    for (const auto& [key, value] : object.items()) {
-      bool known = false;
-      for (const char* a : allowed) {
-        known = known || key == a;
-      }
-      if (!known) {
-        fail(where, "unknown key \"" + key + "\"");
-      }
-    }
-  }
-
-  const json& member(const json& object, const std::string& where, const char* key) const {
-    const auto it = object.find(key);
-    if (it == object.end()) {
-      fail(where, std::string("missing key \"") + key + "\"");
-    }
-    return *it;
-  }
+  using json_checker::json_checker;
 
   std::string name(const json& object, const std::string& where) const {
     const json& v = member(object, where, "name");
@@ -61,9 +31,6 @@ class plan_checker {
     }
     return v.get<std::string>();
   }
-
- private:
-  const std::string& source_;
 };
 
 // The document: a JSON object of version 1 with only the known keys.
