@@ -183,14 +183,7 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
     pool->start(mine->size(),
                 [&, mine](std::size_t task, std::size_t) { sum_chunk((*mine)[task]); });
   }
-  std::exception_ptr failure = nullptr;
-  for (auto& [node, pool] : pools_) {
-    try {
-      pool->wait();
-    } catch (...) {
-      failure = failure ? failure : std::current_exception();
-    }
-  }
+  const std::exception_ptr failure = wait_all(pools_);
   if (failure) {
     grads_failed(failure);
   }

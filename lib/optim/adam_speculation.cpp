@@ -126,14 +126,7 @@ void adam_speculation::wait() {
   if (!any_) {
     return;
   }
-  std::exception_ptr failure = nullptr;
-  for (auto& [node, pool] : pools_) {
-    try {
-      pool->wait();
-    } catch (...) {
-      failure = failure ? failure : std::current_exception();
-    }
-  }
+  const std::exception_ptr failure = wait_all(pools_);
   ++core_.totals.speculative_steps;
   if (failure) {
     roll_back_all();

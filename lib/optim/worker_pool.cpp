@@ -93,4 +93,16 @@ void worker_pool::work(std::size_t worker, int node) {
   }
 }
 
+std::exception_ptr wait_all(std::map<int, std::unique_ptr<worker_pool>>& pools) noexcept {
+  std::exception_ptr failure = nullptr;
+  for (auto& [node, pool] : pools) {
+    try {
+      pool->wait();
+    } catch (...) {
+      failure = failure ? failure : std::current_exception();
+    }
+  }
+  return failure;
+}
+
 }  // namespace tierflow::detail

@@ -4,7 +4,10 @@
 // 2-core machine a third busy thread would only take time from the workers).
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -51,5 +54,9 @@ class worker_pool {
   std::exception_ptr failure_;
   std::vector<std::thread> threads_;
 };
+
+/** Waits for every pool's batch (each to its end, even after one failed) and returns the first
+ *  failure, or nullptr. */
+std::exception_ptr wait_all(std::map<int, std::unique_ptr<worker_pool>>& pools) noexcept;
 
 }  // namespace tierflow::detail
