@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,23 @@ class json_checker {
       text = value->dump(-1, ' ', true, json::error_handler_t::replace);
     }
     throw input_error(source_, where.empty() ? problem : where + ": " + problem, text);
+  }
+
+  // @p text as a JSON object (a clear error where it is not JSON, or not an object: @p shape
+  // says what it should be).
+  json parse_object(std::string_view text, const std::string& shape) const {
+    json doc;
+    try {
+      doc = json::parse(text.begin(), text.end());
+    } catch (const json::parse_error& e) {
+      fail("", "not valid JSON at byte " + std::to_string(e.byte));
+    } catch (const json::exception&) {  // out_of_range: a number beyond double
+      fail("", "not valid JSON: a number out of range");
+    }
+    if (!doc.is_object()) {
+      fail("", shape);
+    }
+    return doc;
   }
 
   // The object at @p where has only keys out of @p allowed.

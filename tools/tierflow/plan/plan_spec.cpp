@@ -203,17 +203,8 @@ const char* to_string(sharding s) {
 
 plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
   const spec_checker check(source);
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    check.fail("", "not valid JSON at byte " + std::to_string(e.byte));
-  } catch (const json::exception&) {  // out_of_range: a number beyond double
-    check.fail("", "not valid JSON: a number out of range");
-  }
-  if (!doc.is_object()) {
-    check.fail("", "a spec is a JSON object with tierflow_plan_spec, model, cluster, training");
-  }
+  const json doc = check.parse_object(
+      text, "a spec is a JSON object with tierflow_plan_spec, model, cluster, training");
   check.only_keys(doc, "",
                   {"tierflow_plan_spec", "name", "source", "model", "cluster", "training"});
   const json& version = check.member(doc, "", "tierflow_plan_spec");

@@ -35,17 +35,8 @@ class plan_checker : public json_checker {
 
 // The document: a JSON object of version 1 with only the known keys.
 json parse_document(std::string_view text, const plan_checker& check) {
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    check.fail("", "not valid JSON at byte " + std::to_string(e.byte));
-  } catch (const json::exception&) {  // out_of_range: a number beyond double
-    check.fail("", "not valid JSON: a number out of range");
-  }
-  if (!doc.is_object()) {
-    check.fail("", "a plan is a JSON object with tierflow_plan, buffers and steps");
-  }
+  const json doc =
+      check.parse_object(text, "a plan is a JSON object with tierflow_plan, buffers and steps");
   check.only_keys(doc, "", {"tierflow_plan", "buffers", "steps"});
   const json& version = check.member(doc, "", "tierflow_plan");
   if (!version.is_number_integer() || version.get<std::int64_t>() != 1) {
