@@ -133,6 +133,29 @@ def adam_tiers(where):
     return out
 
 
+def summarize(m, adam, state_tiers, budget, steps, args):
+    """The summary lines the C++ demo prints: loss, where the bytes lived, prefetch, link, Adam."""
+    held = m["offloaded_bytes"] + adam["state_bytes"]
+    h2d = m["links"]["h2d"]
+    return [
+        f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, held-out "
+        f"{steps[0]['val_loss']:.3f} -> {steps[-1]['val_loss']:.3f} in {args.steps} steps",
+        "where the bytes lived: weights " + ", ".join(
+            f"{b / 2**20:.1f} MiB in {t}" for t, b in m["tiers"].items())
+        + "; Adam state " + ", ".join(f"{b / 2**20:.1f} MiB in {t}"
+                                      for t, b in state_tiers.items())
+        + f" ({adam['mode']} mode); HBM staging peak {m['hbm_staging_peak_bytes'] / 2**20:.2f}"
+        f" MiB of {budget / 2**20:.2f}: weights + state = {held / budget:.1f} x the budget",
+        f"prefetch: window {m['window']}, stall {100 * m['stall_fraction']:.1f} % of the "
+        f"passes' time, overlap efficiency {m['overlap_efficiency']:.2f}, "
+        f"{m['bytes_in'] / 2**20:.0f} MiB streamed in",
+        f"link: {h2d['achieved_gbps']:.1f} GB/s achieved while busy, bound "
+        f"{m['bound_gbps']['h2d']:.1f} GB/s (host to device)",
+        f"Adam: {adam['mode']} mode, {adam['kernel']} kernel, {adam['threads']} threads, "
+        f"{1e3 * adam['step_seconds_total'] / max(adam['steps'], 1):.1f} ms a step",
+    ]
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=16)
@@ -185,29 +208,11 @@ def main():
 
     m, adam, trace = handle.metrics(), opt.metrics()["adam"], handle.trace_json()
     state_tiers = adam_tiers(opt.where())
-    held = m["offloaded_bytes"] + adam["state_bytes"]
     for rec in steps:
         rec["tiers"] = {**{f"weights in {t}": b for t, b in m["tiers"].items()},
                         **{f"Adam state in {t}": b for t, b in state_tiers.items()},
                         "HBM staging peak": m["hbm_staging_peak_bytes"]}
-    h2d = m["links"]["h2d"]
-    summary = [
-        f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, held-out "
-        f"{steps[0]['val_loss']:.3f} -> {steps[-1]['val_loss']:.3f} in {args.steps} steps",
-        "where the bytes lived: weights " + ", ".join(
-            f"{b / 2**20:.1f} MiB in {t}" for t, b in m["tiers"].items())
-        + "; Adam state " + ", ".join(f"{b / 2**20:.1f} MiB in {t}"
-                                      for t, b in state_tiers.items())
-        + f" ({adam['mode']} mode); HBM staging peak {m['hbm_staging_peak_bytes'] / 2**20:.2f}"
-        f" MiB of {budget / 2**20:.2f}: weights + state = {held / budget:.1f} x the budget",
-        f"prefetch: window {m['window']}, stall {100 * m['stall_fraction']:.1f} % of the "
-        f"passes' time, overlap efficiency {m['overlap_efficiency']:.2f}, "
-        f"{m['bytes_in'] / 2**20:.0f} MiB streamed in",
-        f"link: {h2d['achieved_gbps']:.1f} GB/s achieved while busy, bound "
-        f"{m['bound_gbps']['h2d']:.1f} GB/s (host to device)",
-        f"Adam: {adam['mode']} mode, {adam['kernel']} kernel, {adam['threads']} threads, "
-        f"{1e3 * adam['step_seconds_total'] / max(adam['steps'], 1):.1f} ms a step",
-    ]
+    summary = summarize(m, adam, state_tiers, budget, steps, args)
     median_step = statistics.median(r["step_s"] for r in steps[1:] or steps)
 
     if args.verify:
