@@ -59,7 +59,9 @@ class parallel_copier {
       platform::stream_copy(dst, src, bytes);
       return;
     }
-    const std::size_t piece = detail::round_up(bytes / parts, 4096);
+    // Rounded up from the ceiling: parts × piece covers every byte (bytes / parts rounded
+    // down could already be page-aligned and leave the last bytes % parts uncopied).
+    const std::size_t piece = detail::round_up((bytes + parts - 1) / parts, 4096);
     std::latch done(static_cast<std::ptrdiff_t>(parts - 1));
     {
       const std::lock_guard lock(mutex_);
