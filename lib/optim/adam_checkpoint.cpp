@@ -68,6 +68,7 @@ class header_reader {
     return s;
   }
   [[nodiscard]] bool done() const noexcept { return at_ == bytes_.size(); }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
  private:
   void need(std::size_t n, const char* what) const {
@@ -133,6 +134,63 @@ class checkpoint_file {
   input_file file_;
 };
 
+// One param's record; adds its payload bytes (state + piece CRCs) to @p payload.
+saved_param read_param(header_reader& in, const saved_group& g, std::uint32_t version,
+                       std::uint64_t piece_elements, std::uint64_t& payload) {
+  const std::string& path = in.path();
+  saved_param p;
+  const auto name_bytes = in.get<std::uint16_t>("a name length");
+  p.name = in.get_string(name_bytes, "a name");
+  const auto dtype = in.get<std::uint8_t>("a dtype");
+  if (dtype > 2) {
+    throw input_error(path, "corrupted header: dtype " + std::to_string(dtype));
+  }
+  p.dtype = static_cast<param_dtype>(dtype);
+  p.elements = in.get<std::uint64_t>("an element count");
+  p.steps = version >= 2 ? in.get<std::uint64_t>("a param's step count") : g.steps;
+  if (p.steps > g.steps) {
+    throw input_error(path, "corrupted header: param '" + p.name + "' has " +
+                                std::to_string(p.steps) + " steps, its group " +
+                                std::to_string(g.steps));
+  }
+  if (p.elements == 0 || p.elements > (std::uint64_t{1} << 48)) {
+    throw input_error(path, "corrupted header: param '" + p.name + "' has " +
+                                std::to_string(p.elements) + " elements");
+  }
+  const std::uint64_t pieces = (p.elements + piece_elements - 1) / piece_elements;
+  payload += 12 * p.elements + 4 * pieces;
+  return p;
+}
+
+// Group @p gi's record: its hyper-parameters, step count and params.
+saved_group read_group(header_reader& in, std::uint32_t gi, std::uint32_t version,
+                       std::uint64_t piece_elements, std::uint64_t& payload) {
+  const std::string& path = in.path();
+  saved_group g;
+  g.hyper.lr = in.get<double>("lr");
+  g.hyper.beta1 = in.get<double>("beta1");
+  g.hyper.beta2 = in.get<double>("beta2");
+  g.hyper.eps = in.get<double>("eps");
+  g.hyper.weight_decay = in.get<double>("weight_decay");
+  const auto decay = in.get<std::uint8_t>("the decay mode");
+  if (decay > 1) {
+    throw input_error(path, "corrupted header: decay mode " + std::to_string(decay));
+  }
+  g.hyper.decay = decay == 0 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
+  g.hyper.bias_correction = in.get<std::uint8_t>("bias_correction") != 0;
+  g.steps = in.get<std::uint64_t>("the step count");
+  try {
+    check_hyper(g.hyper, "group " + std::to_string(gi));
+  } catch (const error& e) {
+    throw input_error(path, std::string("bad hyper-parameters: ") + e.what());
+  }
+  const auto params = in.get<std::uint32_t>("the param count");
+  for (std::uint32_t pi = 0; pi < params; ++pi) {
+    g.params.push_back(read_param(in, g, version, piece_elements, payload));
+  }
+  return g;
+}
+
 saved_header read_header(checkpoint_file& file) {
   const std::string& path = file.path();
   char head[16];
@@ -173,50 +231,7 @@ saved_header read_header(checkpoint_file& file) {
   const auto groups = in.get<std::uint32_t>("the group count");
   std::uint64_t payload = 0;
   for (std::uint32_t gi = 0; gi < groups; ++gi) {
-    saved_group g;
-    g.hyper.lr = in.get<double>("lr");
-    g.hyper.beta1 = in.get<double>("beta1");
-    g.hyper.beta2 = in.get<double>("beta2");
-    g.hyper.eps = in.get<double>("eps");
-    g.hyper.weight_decay = in.get<double>("weight_decay");
-    const auto decay = in.get<std::uint8_t>("the decay mode");
-    if (decay > 1) {
-      throw input_error(path, "corrupted header: decay mode " + std::to_string(decay));
-    }
-    g.hyper.decay = decay == 0 ? weight_decay_mode::decoupled : weight_decay_mode::l2;
-    g.hyper.bias_correction = in.get<std::uint8_t>("bias_correction") != 0;
-    g.steps = in.get<std::uint64_t>("the step count");
-    try {
-      check_hyper(g.hyper, "group " + std::to_string(gi));
-    } catch (const error& e) {
-      throw input_error(path, std::string("bad hyper-parameters: ") + e.what());
-    }
-    const auto params = in.get<std::uint32_t>("the param count");
-    for (std::uint32_t pi = 0; pi < params; ++pi) {
-      saved_param p;
-      const auto name_bytes = in.get<std::uint16_t>("a name length");
-      p.name = in.get_string(name_bytes, "a name");
-      const auto dtype = in.get<std::uint8_t>("a dtype");
-      if (dtype > 2) {
-        throw input_error(path, "corrupted header: dtype " + std::to_string(dtype));
-      }
-      p.dtype = static_cast<param_dtype>(dtype);
-      p.elements = in.get<std::uint64_t>("an element count");
-      p.steps = version >= 2 ? in.get<std::uint64_t>("a param's step count") : g.steps;
-      if (p.steps > g.steps) {
-        throw input_error(path, "corrupted header: param '" + p.name + "' has " +
-                                    std::to_string(p.steps) + " steps, its group " +
-                                    std::to_string(g.steps));
-      }
-      if (p.elements == 0 || p.elements > (std::uint64_t{1} << 48)) {
-        throw input_error(path, "corrupted header: param '" + p.name + "' has " +
-                                    std::to_string(p.elements) + " elements");
-      }
-      const std::uint64_t pieces = (p.elements + h.piece_elements - 1) / h.piece_elements;
-      payload += 12 * p.elements + 4 * pieces;
-      g.params.push_back(std::move(p));
-    }
-    h.groups.push_back(std::move(g));
+    h.groups.push_back(read_group(in, gi, version, h.piece_elements, payload));
   }
   if (!in.done()) {
     throw input_error(path, "corrupted header: bytes left after the last parameter");

@@ -118,7 +118,7 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
             [](const auto& a, const auto& b) { return a.id < b.id; });
   topo.nodes_ = std::move(facts.nodes);
   topo.distances_ = std::move(facts.distances);
-  // Grouping reads the firmware's values (see below), the topology keeps the measured ones.
+  // Grouping reads the firmware's values (see classify), the topology keeps the measured ones.
   const auto firmware_access =
       facts.firmware_access.empty() ? facts.access : std::move(facts.firmware_access);
   topo.access_ = std::move(facts.access);
@@ -129,8 +129,14 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
   topo.sysfs_root_ = options.sysfs_root;
   topo.initiator_ = choose_initiator(topo.nodes_, topo.gpus_, options.initiator);
 
-  // The override: from the options, else the `tiers` setting (environment, then file).
-  std::vector<detail::tier_override> overrides;
+  const auto overrides = read_overrides(topo, options);
+  make_tiers(topo, classify(topo, overrides, firmware_access));
+  sum_memory(topo);
+  return topo;
+}
+
+std::vector<detail::tier_override> topology_builder::read_overrides(
+    topology& topo, const discovery_options& options) {
   std::vector<int> node_ids;
   for (const auto& node : topo.nodes_) {
     node_ids.push_back(node.id.value);
@@ -141,19 +147,24 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
   } else {
     spec = (options.config != nullptr ? *options.config : settings{}).get("tiers");
   }
-  if (spec) {
-    overrides = detail::parse_tier_overrides(spec->value, spec->origin, node_ids);
-    topo.override_origin_ = spec->origin;
+  if (!spec) {
+    return {};
   }
+  auto overrides = detail::parse_tier_overrides(spec->value, spec->origin, node_ids);
+  topo.override_origin_ = spec->origin;
+  return overrides;
+}
 
+topology_builder::node_groups topology_builder::classify(
+    topology& topo, const std::vector<detail::tier_override>& overrides,
+    const std::map<std::pair<int, int>, access_perf>& firmware_access) {
   const auto* initiator_node = topo.find_node(topo.initiator_);
   const auto dram_memory_tier =
       initiator_node != nullptr ? initiator_node->memory_tier : std::optional<int>{};
 
-  // Classify, and group nodes that look alike into tiers. Key: override entry (or -1), kind,
-  // memory tier, distance from the initiator.
-  using group_key = std::tuple<int, int, int, int, double, double>;
-  std::map<group_key, std::vector<numa_node_id>> groups;
+  // Key: kind, distance from the initiator, override entry (or -1), memory tier, firmware
+  // bandwidth and latency.
+  node_groups groups;
   for (auto& node : topo.nodes_) {
     int entry = -1;
     for (std::size_t i = 0; i < overrides.size(); ++i) {
@@ -192,7 +203,10 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     groups[{kind_rank(node.kind), distance_key, entry, memory_tier_key, bandwidth_key, latency_key}]
         .push_back(node.id);
   }
+  return groups;
+}
 
+void topology_builder::make_tiers(topology& topo, const node_groups& groups) {
   // hbm tiers first: one per GPU the CUDA runtime sees.
   std::map<tier_kind, int> ordinal;
   for (std::size_t i = 0; i < topo.gpus_.size(); ++i) {
@@ -212,7 +226,7 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     topo.tiers_.push_back(std::move(t));
   }
   // The map orders groups by kind, then distance from the initiator: fastest first.
-  for (auto& [key, members] : groups) {
+  for (const auto& [key, members] : groups) {
     tier t;
     t.kind = topo.find_node(members.front())->kind;
     t.name = std::string(to_string(t.kind)) + std::to_string(ordinal[t.kind]++);
@@ -234,8 +248,6 @@ topology topology_builder::build(detail::machine_facts facts, const discovery_op
     }
     topo.tiers_.push_back(std::move(t));
   }
-  sum_memory(topo);
-  return topo;
 }
 
 }  // namespace tierflow

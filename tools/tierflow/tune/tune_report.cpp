@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "common/format.hpp"
 #include "common/svg_chart.hpp"
+#include "tierflow/detail/stats.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::cli::tune {
@@ -154,12 +155,9 @@ void add_model_errors(tune_sweep& s, std::vector<double> errors) {
   if (errors.empty()) {
     return;
   }
-  std::sort(errors.begin(), errors.end());
-  const double median = errors.size() % 2 == 1
-                            ? errors[errors.size() / 2]
-                            : (errors[errors.size() / 2 - 1] + errors[errors.size() / 2]) / 2;
-  s.model["median_abs_error"] = median;
-  s.model["max_abs_error"] = errors.back();
+  const auto summary = detail::summarize(std::move(errors));
+  s.model["median_abs_error"] = summary.median;
+  s.model["max_abs_error"] = summary.max;
 }
 
 // The sweep's table; with a budget, a column says which settings fit in it.

@@ -13,6 +13,7 @@
 #include "common/format.hpp"
 #include "common/svg_chart.hpp"
 #include "demo/demo_train.hpp"
+#include "tierflow/detail/stats.hpp"
 #include "tierflow/error.hpp"
 #include "tune/plan_workload.hpp"
 #include "tune/tune_model.hpp"
@@ -306,8 +307,7 @@ std::vector<std::uint64_t> parse_list(const std::string& text, const std::string
 
 double median_after(std::vector<double> seconds, std::size_t warmup) {
   seconds.erase(seconds.begin(), seconds.begin() + static_cast<long>(warmup));
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  return detail::median(std::move(seconds));
 }
 
 tune_sweep sweep_demo(const tune_options& t, const std::vector<std::uint64_t>& windows) {

@@ -65,7 +65,7 @@ struct tune_sweep {
 std::vector<std::uint64_t> parse_list(const std::string& text, const std::string& flag,
                                       bool allow_zero);
 
-/** @brief The median of @p seconds after the first @p warmup (the upper one of an even count). */
+/** @brief The median of @p seconds after the first @p warmup (as detail::median defines it). */
 double median_after(std::vector<double> seconds, std::size_t warmup);
 
 /** @brief The demo's model at every window × chunk × mode of @p t, measured and/or predicted.
