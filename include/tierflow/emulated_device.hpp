@@ -34,7 +34,8 @@ struct link_model {
    * @throws input_error for an unknown key, a bad number or unit, or a non-positive bandwidth
    */
   [[nodiscard]] static link_model parse(std::string_view text, const std::string& origin);
-  /** @brief From env `TIERFLOW_EMU_LINK` when set, else the defaults. @throws input_error */
+  /** @brief From the `emu_link` setting (env `TIERFLOW_EMU_LINK`, then the file TIERFLOW_CONFIG
+   *  names) when set, else the defaults. @throws input_error */
   [[nodiscard]] static link_model from_environment();
   /** @brief `h2d 25 GB/s, d2h 25 GB/s, latency 10 us, full duplex`. */
   [[nodiscard]] std::string describe() const;

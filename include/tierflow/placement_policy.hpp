@@ -82,7 +82,8 @@ class placement_spec {
 struct placement_options {
   /** @brief Placement text (wins over env `TIERFLOW_PLACEMENT` and the config file). */
   std::optional<std::string> spec;
-  /** @brief Settings to read `placement` from when spec is unset; null: environment only. */
+  /** @brief Settings to read `placement` from when spec is unset; null:
+   * settings::from_environment() (the variable, then the file TIERFLOW_CONFIG names). */
   const settings* config = nullptr;
   /** @brief Caps per tier name (bytes held by this policy); a tier is full at its cap. */
   std::map<std::string, std::uint64_t> tier_limits;

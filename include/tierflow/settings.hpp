@@ -6,10 +6,18 @@
  * ignored. Each key has an environment variable of the same meaning, which wins over the
  * file:
  *
- * | key   | environment variable | meaning                                   |
- * |-------|----------------------|-------------------------------------------|
- * | tiers | TIERFLOW_TIERS       | tier classification override (topology.hpp) |
- * | placement | TIERFLOW_PLACEMENT | data class placement (placement_policy.hpp) |
+ * | key       | environment variable | meaning                                          |
+ * |-----------|----------------------|--------------------------------------------------|
+ * | tiers     | TIERFLOW_TIERS       | tier classification override (topology.hpp)      |
+ * | placement | TIERFLOW_PLACEMENT   | data class placement (placement_policy.hpp)      |
+ * | emu_link  | TIERFLOW_EMU_LINK    | the emulated device's link (emulated_device.hpp) |
+ * | cache_dir | TIERFLOW_CACHE_DIR   | folder of `tierflow bench`'s measured cache      |
+ *
+ * The library reads them where they apply (topology::discover, placement_policy, the emulated
+ * device, the measured cache, and so tf_adam_create and every command) through
+ * settings::from_environment() unless the caller passes settings of its own; an explicit
+ * argument or flag wins over both. TIERFLOW_CONFIG (the file) and TIERFLOW_LOG (read once per
+ * process, before any file) are environment-only. docs/configuration.md has the whole table.
  *
  * An unknown key, a line without `=`, an empty value or a key given twice is an input_error
  * naming `FILE:LINE`.

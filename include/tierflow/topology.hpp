@@ -134,8 +134,8 @@ struct discovery_options {
    * When unset, the `tiers` setting (env `TIERFLOW_TIERS`, then the config file) is used.
    */
   std::optional<std::string> tiers_override;
-  /** @brief Settings to read `tiers` from when tiers_override is unset; null: environment
-   * only. */
+  /** @brief Settings to read `tiers` from when tiers_override is unset; null:
+   * settings::from_environment() (the variable, then the file TIERFLOW_CONFIG names). */
   const settings* config = nullptr;
   /**
    * @brief Apply the values `tierflow bench` measured on this machine (source `measured`,

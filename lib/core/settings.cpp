@@ -14,6 +14,8 @@ const std::map<std::string, std::string, std::less<>>& settings::known_keys() {
   static const std::map<std::string, std::string, std::less<>> keys = {
       {"tiers", "TIERFLOW_TIERS"},
       {"placement", "TIERFLOW_PLACEMENT"},
+      {"emu_link", "TIERFLOW_EMU_LINK"},
+      {"cache_dir", "TIERFLOW_CACHE_DIR"},
   };
   return keys;
 }

@@ -5,6 +5,7 @@
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
+#include "tierflow/settings.hpp"
 
 namespace tierflow {
 
@@ -98,11 +99,11 @@ link_model link_model::parse(std::string_view text, const std::string& origin) {
 }
 
 link_model link_model::from_environment() {
-  const char* text = std::getenv("TIERFLOW_EMU_LINK");
-  if (text == nullptr || *text == '\0') {
+  const auto spec = settings::from_environment().get("emu_link");
+  if (!spec) {
     return {};
   }
-  return parse(text, "env TIERFLOW_EMU_LINK");
+  return parse(spec->value, spec->origin);
 }
 
 std::string link_model::describe() const {

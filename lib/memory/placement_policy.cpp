@@ -192,7 +192,8 @@ placement_policy::placement_policy(const topology& topo, placement_options optio
   if (options.spec) {
     text = setting_value{*options.spec, "placement spec"};
   } else {
-    text = (options.config != nullptr ? *options.config : settings{}).get("placement");
+    text = (options.config != nullptr ? *options.config : settings::from_environment())
+               .get("placement");
   }
   auto spec = text ? placement_spec::parse(text->value, text->origin, topo)
                    : placement_spec::defaults(topo);

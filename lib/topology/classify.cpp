@@ -145,7 +145,8 @@ std::vector<detail::tier_override> topology_builder::read_overrides(
   if (options.tiers_override) {
     spec = setting_value{*options.tiers_override, "tiers override"};
   } else {
-    spec = (options.config != nullptr ? *options.config : settings{}).get("tiers");
+    spec =
+        (options.config != nullptr ? *options.config : settings::from_environment()).get("tiers");
   }
   if (!spec) {
     return {};

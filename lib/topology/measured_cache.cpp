@@ -17,6 +17,7 @@
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
+#include "tierflow/settings.hpp"
 
 namespace tierflow {
 namespace detail {
@@ -246,10 +247,10 @@ void apply_measured_cache(machine_facts& facts, const std::filesystem::path& dir
 namespace detail {
 
 std::optional<std::filesystem::path> default_measured_cache_dir() {
-  if (const char* dir = std::getenv("TIERFLOW_CACHE_DIR"); dir != nullptr && *dir != '\0') {
-    const std::filesystem::path p(dir);
+  if (const auto dir = settings::from_environment().get("cache_dir")) {
+    const std::filesystem::path p(dir->value);
     if (!p.is_absolute()) {
-      throw input_error("env TIERFLOW_CACHE_DIR", "must be an absolute path", dir);
+      throw input_error(dir->origin, "must be an absolute path", dir->value);
     }
     return p / "";
   }

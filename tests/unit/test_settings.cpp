@@ -1,8 +1,17 @@
+#include <chrono>
+#include <functional>
+#include <string>
+
 #include <catch2/catch.hpp>
 
+#include "cli_runner.hpp"
 #include "test_support.hpp"
+#include "tierflow/emulated_device.hpp"
 #include "tierflow/error.hpp"
+#include "tierflow/placement_policy.hpp"
 #include "tierflow/settings.hpp"
+#include "tierflow/topology.hpp"
+#include "topology/measured_cache.hpp"
 
 using tierflow::input_error;
 using tierflow::settings;
@@ -86,4 +95,72 @@ TEST_CASE("config files are read from disk and TIERFLOW_CONFIG", "[settings]") {
       CHECK_THAT(e.what(), Catch::Contains("cannot read"));
     }
   }
+}
+
+TEST_CASE("every setting is read from the file TIERFLOW_CONFIG names, by the part that uses it",
+          "[settings]") {
+  namespace test = tierflow::test;
+  test::scoped_env no_tiers("TIERFLOW_TIERS", nullptr);
+  test::scoped_env no_placement("TIERFLOW_PLACEMENT", nullptr);
+  test::scoped_env no_link("TIERFLOW_EMU_LINK", nullptr);
+  test::scoped_env no_cache("TIERFLOW_CACHE_DIR", nullptr);
+  auto gen = test::rng(0x5e77);
+  const int h2d = std::uniform_int_distribution<int>(2, 90)(gen);
+  const int latency_us = std::uniform_int_distribution<int>(1, 50)(gen);
+  test::scratch_dir dir;
+  const auto conf = dir.path() / "tierflow.conf";
+  const auto cache = dir.path() / "cache";
+  test::write_file(conf, "# a user's file\ntiers = cxl=0\nemu_link = h2d=" + std::to_string(h2d) +
+                             "GB/s,latency=" + std::to_string(latency_us) +
+                             "us\ncache_dir = " + cache.string() + "\n");
+  test::scoped_env config("TIERFLOW_CONFIG", conf.c_str());
+  INFO("h2d " << h2d << " GB/s, latency " << latency_us << " us");
+
+  // Discovery without settings of its own classifies by the file's `tiers`.
+  tierflow::discovery_options o;
+  o.sysfs_root = test::sysfs_fixture("laptop");
+  const auto topo = tierflow::topology::discover(o);
+  REQUIRE(topo.find_node(tierflow::numa_node_id{0}) != nullptr);
+  CHECK(topo.find_node(tierflow::numa_node_id{0})->kind == tierflow::tier_kind::cxl);
+  CHECK_THAT(topo.find_node(tierflow::numa_node_id{0})->kind_reason,
+             Catch::Contains(conf.string() + ":2"));
+  // The emulated device's link, and the measured cache's folder.
+  const auto link = tierflow::link_model::from_environment();
+  CHECK(link.h2d_gbps == Approx(h2d));
+  CHECK(link.latency == std::chrono::microseconds(latency_us));
+  CHECK(tierflow::detail::default_measured_cache_dir() == cache / "");
+  {  // the environment wins over the file
+    test::scoped_env env_link("TIERFLOW_EMU_LINK", "h2d=3GB/s");
+    CHECK(tierflow::link_model::from_environment().h2d_gbps == Approx(3));
+  }
+
+  // Bad content is an input error that names the file and line, wherever it is read.
+  const auto refused = [&](const std::string& text, const std::function<void()>& use) {
+    test::write_file(conf, "\n" + text + "\n");
+    INFO(text);
+    try {
+      use();
+      FAIL("accepted");
+    } catch (const input_error& e) {
+      CHECK(e.source() == conf.string() + ":2");
+    }
+  };
+  refused("placement = optimizer_state=nosuch0", [&] { tierflow::placement_policy p(topo); });
+  refused("emu_link = h2d=0GB/s", [] { (void)tierflow::link_model::from_environment(); });
+  refused("cache_dir = relative/cache",
+          [] { (void)tierflow::detail::default_measured_cache_dir(); });
+  refused("tiers = cxl=9", [&] { (void)tierflow::topology::discover(o); });
+}
+
+TEST_CASE("cli: every command honours TIERFLOW_CONFIG, and a bad value in it is exit code 2",
+          "[settings][cli]") {
+  tierflow::test::scratch_dir dir;
+  const auto conf = dir.path() / "tierflow.conf";
+  tierflow::test::write_file(conf, "placement = optimizer_state=nosuch0\n");
+  const auto r = tierflow::test::cli::run_cli(
+      {"demo", "--steps", "2", "--layers", "2", "--width", "64", "--device", "emulated"},
+      tierflow::test::cli::quote("TIERFLOW_CONFIG=" + conf.string()));
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains(conf.string() + ":1"));
+  CHECK_THAT(r.err, Catch::Contains("nosuch0"));
 }
