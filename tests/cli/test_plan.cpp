@@ -269,3 +269,68 @@ TEST_CASE("plan: bad specs are errors naming the field and the value", "[cli][pl
   check_one_line_error(run_cli({"plan", "--spec", example("dgx_h100_cxl_1t"), "--nodes", "0"}),
                        "--nodes");
 }
+
+TEST_CASE("plan --machine: a node's tiers come from a real machine's topo report", "[cli][plan]") {
+  // The report of a two-socket machine with CXL (firmware values for some tiers), completed as
+  // `tierflow bench` would complete it: random measured bandwidths where the firmware had none.
+  const auto topo = run_cli({"topo", "--json", "--sysfs-root",
+                             (tierflow::test::sysfs_fixture("two_socket_cxl")).string()});
+  REQUIRE(topo.exit_code == 0);
+  json report = json::parse(topo.out);
+  tierflow::test::scratch_dir dir;
+  const auto path = dir.path() / "machine.json";
+  tierflow::test::write_file(path, report.dump());
+  const json spec = load_example("dgx_h100_cxl_1t");
+  {  // tiers without a bandwidth: refused, saying how to get one
+    tierflow::test::write_file(dir.path() / "spec.json", spec.dump());
+    const auto r = run_cli(
+        {"plan", "--spec", (dir.path() / "spec.json").string(), "--machine", path.string()});
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(path.string()));
+    CHECK_THAT(r.err, Catch::Contains("remote_dram0"));
+    CHECK_THAT(r.err, Catch::Contains("tierflow bench"));
+  }
+  auto gen = tierflow::test::rng(0x91a7);
+  std::uniform_real_distribution<double> mbps(5000, 400000);
+  for (auto& t : report["tiers"]) {
+    for (const char* key : {"read_bandwidth_mbps", "write_bandwidth_mbps"}) {
+      if (t["perf"][key]["value"].is_null()) {
+        t["perf"][key] = {{"value", mbps(gen)}, {"source", "measured"}};
+      }
+    }
+  }
+  tierflow::test::write_file(path, report.dump());
+  // The spec's 4 Mi tokens a step are 128 micro-steps of 8 GPUs x 4096 tokens: a power of two
+  // of nodes keeps them whole.
+  const auto nodes = 1 << std::uniform_int_distribution<int>(0, 7)(gen);
+  const json j = plan_json(spec, {"--machine", path.string(), "--nodes", std::to_string(nodes)});
+  CHECK(j["machine"] == path.string());
+  CHECK(j["nodes"] == nodes);
+  REQUIRE(j["memory"]["tiers"].size() == report["tiers"].size());  // no GPU in the report
+  for (std::size_t i = 0; i < report["tiers"].size(); ++i) {
+    CHECK(j["memory"]["tiers"][i]["name"] == report["tiers"][i]["name"]);
+    CHECK(j["memory"]["tiers"][i]["capacity_bytes"].get<double>() ==
+          report["tiers"][i]["capacity_bytes"].get<double>());
+  }
+  // Each tier's stage runs at most at the report's bandwidth (MB/s / 1000 = GB/s).
+  for (const auto& st : j["step"]["stages"]) {
+    const std::string name = st["name"];
+    if (name.rfind("tier:", 0) != 0 || st["bytes"].get<double>() <= 0) {
+      continue;
+    }
+    for (const auto& t : report["tiers"]) {
+      if ("tier:" + t["name"].get<std::string>() == name) {
+        const double read = t["perf"]["read_bandwidth_mbps"]["value"].get<double>() / 1000;
+        const double write = t["perf"]["write_bandwidth_mbps"]["value"].get<double>() / 1000;
+        CHECK(st["rate"].get<double>() <= std::max(read, write) * (1 + 1e-9));
+      }
+    }
+  }
+  {  // not a topo report
+    tierflow::test::write_file(path, R"({"tiers": "dram"})");
+    const auto r = run_cli(
+        {"plan", "--spec", (dir.path() / "spec.json").string(), "--machine", path.string()});
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains("tiers: not an array"));
+  }
+}

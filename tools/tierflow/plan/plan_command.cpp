@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "common/format.hpp"
+#include "plan/plan_machine.hpp"
 #include "plan/plan_model.hpp"
 #include "plan/plan_spec.hpp"
 
@@ -22,6 +23,7 @@ using plan::rank_bytes;
 
 struct plan_options {
   std::string spec;
+  std::string machine;      // a `tierflow topo --json` document: the node's tiers and GPUs
   std::uint64_t nodes = 0;  // 0: the spec's
   bool json = false;
 };
@@ -132,13 +134,21 @@ void print_step(const plan_result& r) {
 
 int run_plan(const plan_options& o) {
   plan::plan_spec s = plan::load_plan_spec(o.spec);
+  if (!o.machine.empty()) {
+    plan::load_machine(s, o.machine);
+  }
   if (o.nodes > 0) {
     s.nodes = o.nodes;
   }
   const plan_result r = plan::size_plan(s);
   if (o.json) {
-    std::printf("%s\n", result_json(s, r).dump(2).c_str());
+    json j = result_json(s, r);
+    j["machine"] = o.machine.empty() ? json() : json(o.machine);
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
+    if (!o.machine.empty()) {
+      std::printf("each node as measured in %s\n", o.machine.c_str());
+    }
     print_memory(s, r);
     print_step(r);
   }
@@ -152,6 +162,9 @@ action add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Size a training run on paper: bytes per tier, per-step link bounds, bottleneck");
   cmd->add_option("--spec", o->spec, "Spec file (JSON: model, cluster, training)")->required();
+  cmd->add_option("--machine", o->machine,
+                  "A node's host tiers (and GPUs) from this `tierflow topo --json` report of a "
+                  "real machine, instead of the spec's");
   cmd->add_option("--nodes", o->nodes, "Node count instead of the spec's")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000000}));
   cmd->add_flag("--json", o->json, "Print JSON instead of tables");
