@@ -207,8 +207,8 @@ void while_in_progress(emulated_faults& faults, stream& stalled, InProgress in_p
 }
 
 TEST_CASE(
-    "a step in progress refuses another thread's calls with busy_error, naming both calls; "
-    "they change nothing",
+    "a step in progress refuses another thread's calls with busy_error naming both calls, "
+    "and they change nothing",
     "[busy]") {
   auto gen = test::rng(2202);
   const topology topo = topology::discover();

@@ -67,7 +67,7 @@ class file_size_limit {
 
 }  // namespace
 
-TEST_CASE("environment_error says the resource and the errno; busy_error both calls",
+TEST_CASE("environment_error says the resource and the errno, busy_error both calls",
           "[environment][busy]") {
   const environment_error full("checkpoint /x/y.tfck: write failed", "/x/y.tfck", ENOSPC);
   CHECK(std::string(full.what()) ==
