@@ -50,6 +50,56 @@ class input_error : public error {
 };
 
 /**
+ * @brief The machine, not the caller, refused: a full disk, a read-only file system, a folder
+ * without write permission, the locked-memory limit, a thread that could not be created, a
+ * failed mmap or mbind. Retrying later, or fixing the machine, may help; changing the call
+ * will not.
+ *
+ * `what()` is one line, `CONTEXT: STRERROR (errno N)`, where CONTEXT names the resource, e.g.
+ * `checkpoint /x/y.tfck: write failed: No space left on device (errno 28)`.
+ */
+class environment_error : public error {
+ public:
+  /**
+   * @param context what failed, naming the resource (when it does not, the resource is put in
+   *        front of it)
+   * @param resource the path, or the resource (`thread`, `mlock`, a tier) that failed
+   * @param error_code the errno value the system gave (0: none; then no STRERROR part)
+   */
+  environment_error(const std::string& context, std::string resource, int error_code);
+
+  /** @brief The path or resource that failed. */
+  [[nodiscard]] const std::string& resource() const noexcept { return resource_; }
+  /** @brief The errno value (0 when the system gave none). */
+  [[nodiscard]] int error_code() const noexcept { return error_code_; }
+
+ private:
+  std::string resource_;
+  int error_code_ = 0;
+};
+
+/**
+ * @brief A call on an object that is in use by another thread's call (e.g. two threads
+ * stepping one offload_adam), refused before it changed anything.
+ *
+ * `what()` names the refused call and, when known, the call in progress.
+ */
+class busy_error : public error {
+ public:
+  /**
+   * @param call the refused call, e.g. `offload_adam::step`
+   * @param running the call in progress on the object (may be empty: unknown)
+   */
+  busy_error(std::string call, const std::string& running);
+
+  /** @brief The refused call. */
+  [[nodiscard]] const std::string& call() const noexcept { return call_; }
+
+ private:
+  std::string call_;
+};
+
+/**
  * @brief A tier (or every tier a placement tried) has no room for an allocation.
  *
  * Carries what was asked for and what each tier had free when it was refused. `what()` is one

@@ -232,7 +232,15 @@ struct adam_metrics {
  * Construction copies the device params once (D2H) into the fp32 master weights, with zero
  * moments. step() returns when the device params hold the update; it orders itself after the
  * work enqueued on the device's compute stream so far (the backward pass that made the grads).
- * Not thread-safe: drive it from one thread (grad_ready() excepted, see there).
+ *
+ * Threads: one call at a time. A member called while another thread's call on the same
+ * optimizer is in progress throws busy_error at once, before it reads or changes anything (the
+ * call in progress is unharmed; the refused one may be retried). grad_ready() calls may run at
+ * the same time as each other, not with the other members. group_count(), param_count(),
+ * mode(), mode_reason(), kernel() and params_current() are never refused (the first five read
+ * what never changes; params_current() is a hint, not ordered with a step in progress). The
+ * destructor must not race any call. Different optimizers, also on one device, may be used
+ * from different threads at once.
  */
 class offload_adam {
  public:
@@ -348,8 +356,10 @@ class offload_adam {
   /**
    * @brief Writes the state to @p path atomically (temp file, fsync, rename): a header with
    * the format version, groups, names, shapes, dtypes, hyper-parameters and step counts, and
-   * payload chunks with CRC32C. @throws tierflow::error naming the path on failure (the file
-   * at @p path, if any, is left as it was), or while a step is pending
+   * payload chunks with CRC32C. @throws environment_error naming the path and the errno when
+   * the system refuses (no room, no permission, a read-only file system); tierflow::error for
+   * a path that is a folder or not a regular file, or while a step is pending. The file at
+   * @p path, if any, is left as it was.
    */
   void save(const std::filesystem::path& path) const;
   /**

@@ -6,6 +6,21 @@
  *   returns a message for the calling thread (valid until that thread's next tierflow call).
  * - Objects are opaque and freed by their destroy call, which accepts NULL.
  * - No call exits the process or lets a C++ exception escape.
+ *
+ * Threads:
+ * - tf_last_error() is per thread (thread-local): a thread sees the message of its own last
+ *   call only.
+ * - Different objects may be used from different threads at the same time, also when they are
+ *   made on one tf_device (each optimizer has its own workers and state; the device's streams
+ *   and its memory are thread-safe).
+ * - One tf_adam takes one call at a time. A call made while another thread's call on the same
+ *   optimizer is in progress is refused with TF_ERR_BUSY before it reads or changes anything
+ *   (the call in progress goes on unharmed); the caller may retry it. The exceptions:
+ *   tf_adam_grad_ready calls may run at the same time as each other (a framework's autograd
+ *   threads), but not with the optimizer's other calls; tf_adam_param_count,
+ *   tf_adam_param_elements and tf_adam_mode_in_force read what never changes and are never
+ *   refused. tf_adam_destroy must not race any call on the optimizer (it frees it).
+ * - A tf_scheduler is not checked this way: drive it from one thread at a time.
  */
 #ifndef TIERFLOW_TIERFLOW_H
 #define TIERFLOW_TIERFLOW_H
@@ -23,7 +38,13 @@ typedef enum tf_status {
   TF_ERR_DEVICE = 3,           /* a device operation failed */
   TF_ERR_INPUT = 4,            /* bad input from outside: a file, an env var, a spec */
   TF_ERR_BUFFER_TOO_SMALL = 5, /* the output buffer cannot hold the result (see *needed) */
-  TF_ERR_INTERNAL = 6          /* anything else */
+  TF_ERR_INTERNAL = 6,         /* anything else */
+  TF_ERR_BUSY = 7,             /* another thread's call on the same object is in progress; this
+                                * call was refused and changed nothing (see Threads below) */
+  TF_ERR_ENVIRONMENT = 8       /* the machine refused, not the caller's arguments: a full disk, a
+                                * read-only or permission-denied folder, the mlock limit, a
+                                * thread that could not start; the message names the path or
+                                * resource and the errno text (docs/errors.md) */
 } tf_status;
 
 /* The *_ENUM_MAX values are not values to pass: they make each enum as wide as an int, so

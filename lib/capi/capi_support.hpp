@@ -5,6 +5,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <system_error>
 
 #include "tierflow/device.hpp"
 #include "tierflow/error.hpp"
@@ -32,6 +33,12 @@ tf_status guarded(const char* call, F&& fn) noexcept {
     last_error.clear();
     fn();
     return TF_OK;
+  } catch (const tierflow::busy_error& e) {
+    // The C layer's gate names the C call already; a refusal from below gets it in front.
+    return fail(TF_ERR_BUSY,
+                e.call() == call ? std::string(e.what()) : std::string(call) + ": " + e.what());
+  } catch (const tierflow::environment_error& e) {
+    return fail(TF_ERR_ENVIRONMENT, std::string(call) + ": " + e.what());
   } catch (const tierflow::input_error& e) {
     return fail(TF_ERR_INPUT, std::string(call) + ": " + e.what());
   } catch (const tierflow::out_of_capacity& e) {
@@ -42,6 +49,9 @@ tf_status guarded(const char* call, F&& fn) noexcept {
     return fail(TF_ERR_INVALID_ARGUMENT, std::string(call) + ": " + e.what());
   } catch (const std::bad_alloc&) {
     return fail(TF_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory");
+  } catch (const std::system_error& e) {  // a thread or a file the system refused
+    return fail(TF_ERR_ENVIRONMENT, std::string(call) + ": " + e.what() + " (errno " +
+                                        std::to_string(e.code().value()) + ")");
   } catch (const std::exception& e) {
     return fail(TF_ERR_INTERNAL, std::string(call) + ": " + e.what());
   } catch (...) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "capi/capi_support.hpp"
+#include "core/call_gate.hpp"
 #include "tierflow/build_config.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/metrics.hpp"
@@ -27,6 +28,9 @@ struct tf_adam {
   std::unique_ptr<tierflow::offload_adam> opt;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
   std::vector<std::vector<std::size_t>> elements;          // per group, per param
+  // One C call at a time (tf_adam_grad_ready shared): calls made of several C++ calls
+  // (tf_adam_step_on, tf_adam_get_state) are refused whole, before the first changes anything.
+  mutable tierflow::detail::call_gate gate;
 
   tf_adam(tierflow::topology t, tierflow::placement_options po)
       : topo(std::move(t)), placement(topo, std::move(po)) {}
@@ -296,6 +300,7 @@ void tf_adam_destroy(tf_adam* adam) {
 tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
   return guarded("tf_adam_step", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_step");
     run_step(adam, applied, grad_norm);
   });
 }
@@ -303,6 +308,7 @@ tf_status tf_adam_step(tf_adam* adam, int* applied, double* grad_norm) {
 tf_status tf_adam_sync_params(tf_adam* adam, int* current) {
   return guarded("tf_adam_sync_params", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_sync_params");
     try {
       adam->opt->sync_params();
     } catch (const tierflow::device_error&) {
@@ -320,6 +326,7 @@ tf_status tf_adam_sync_params(tf_adam* adam, int* current) {
 tf_status tf_adam_set_lr(tf_adam* adam, double lr) {
   return guarded("tf_adam_set_lr", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_set_lr");
     adam->opt->set_lr(lr);
   });
 }
@@ -327,6 +334,7 @@ tf_status tf_adam_set_lr(tf_adam* adam, double lr) {
 tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hyper) {
   return guarded("tf_adam_set_hyper", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_set_hyper");
     need(hyper, "hyper");
     adam->opt->set_hyper(group, to_hyper(*hyper));
   });
@@ -335,6 +343,7 @@ tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hy
 tf_status tf_adam_step_count(const tf_adam* adam, size_t group, unsigned long long* out) {
   return guarded("tf_adam_step_count", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_step_count");
     need(out, "out");
     *out = adam->opt->step_count(group);
   });
@@ -352,6 +361,7 @@ tf_status tf_adam_metrics_json(const tf_adam* adam, char* buffer, size_t capacit
   std::string json;
   const tf_status s = guarded("tf_adam_metrics_json", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_metrics_json");
     json = adam->opt->metrics().to_json();
   });
   return s != TF_OK ? s : json_out("tf_adam_metrics_json", json, buffer, capacity, needed);
@@ -360,6 +370,7 @@ tf_status tf_adam_metrics_json(const tf_adam* adam, char* buffer, size_t capacit
 tf_status tf_adam_save(const tf_adam* adam, const char* path) {
   return guarded("tf_adam_save", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_save");
     need(path, "path");
     adam->opt->save(path);
   });
@@ -368,6 +379,7 @@ tf_status tf_adam_save(const tf_adam* adam, const char* path) {
 tf_status tf_adam_load(tf_adam* adam, const char* path) {
   return guarded("tf_adam_load", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_load");
     need(path, "path");
     adam->opt->load(path);
   });
@@ -376,6 +388,7 @@ tf_status tf_adam_load(tf_adam* adam, const char* path) {
 tf_status tf_adam_master_weights(const tf_adam* adam, size_t index, float* out, size_t elements) {
   return guarded("tf_adam_master_weights", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_master_weights");
     need(out, "out");
     const auto [g, i] = param_at(adam, index);
     const auto w = adam->opt->master_weights(g, i);
@@ -408,6 +421,7 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
                           int* applied, double* grad_norm) {
   return guarded("tf_adam_step_on", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_step_on");
     if (grads != nullptr) {
       if (count != adam->where.size()) {
         throw tierflow::error("count is " + std::to_string(count) + ", but the optimizer has " +
@@ -430,6 +444,7 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
 tf_status tf_adam_grad_ready(tf_adam* adam, size_t index, const void* grad, void* stream) {
   return guarded("tf_adam_grad_ready", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::shared hold(adam->gate, "tf_adam_grad_ready");
     const auto [g, i] = param_at(adam, index);
     adam->dev->stream_after_native(adam->dev->compute_stream(), stream);
     if (grad != nullptr) {
@@ -444,6 +459,7 @@ tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, fl
                             float* exp_avg_sq, size_t elements, unsigned long long* step) {
   return guarded("tf_adam_get_state", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_get_state");
     const auto [g, i] = param_at(adam, index);
     if (elements != adam->elements[g][i] && (master || exp_avg || exp_avg_sq)) {
       throw tierflow::error("param " + std::to_string(index) + " has " +
@@ -472,6 +488,7 @@ tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, co
                             const float* exp_avg_sq, size_t elements, unsigned long long step) {
   return guarded("tf_adam_set_state", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_set_state");
     const auto [g, i] = param_at(adam, index);
     adam->opt->set_state(g, i, master, exp_avg, exp_avg_sq, elements, step);
   });
@@ -480,6 +497,7 @@ tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, co
 tf_status tf_adam_refresh_master(tf_adam* adam, size_t index) {
   return guarded("tf_adam_refresh_master", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_refresh_master");
     const auto [g, i] = param_at(adam, index);
     adam->opt->refresh_master(g, i);
   });
@@ -489,6 +507,7 @@ tf_status tf_adam_where_json(const tf_adam* adam, char* buffer, size_t capacity,
   std::string json;
   const tf_status s = guarded("tf_adam_where_json", [&] {
     need(adam, "adam");
+    const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_where_json");
     json = where_json(*adam);
   });
   return s != TF_OK ? s : json_out("tf_adam_where_json", json, buffer, capacity, needed);

@@ -134,11 +134,13 @@ void durable_writer::discard() noexcept {
 }
 
 // Callers save errno before building the problem text: allocating it may change errno.
-void durable_writer::fail(const std::string& problem, int code) {
+// What the system refused (an errno; a write that made no progress) is the environment's
+// fault; the rest (a folder at the path, a spent writer) the caller's.
+void durable_writer::fail(const std::string& problem, int code, bool environment) {
   discard();
-  std::string message = what_ + " " + path_.string() + ": " + problem;
-  if (code != 0) {
-    message += std::string(": ") + std::strerror(code);
+  const std::string message = what_ + " " + path_.string() + ": " + problem;
+  if (code != 0 || environment) {
+    throw environment_error(message, path_.string(), code);
   }
   throw error(message);
 }
@@ -159,7 +161,7 @@ void durable_writer::write(const void* data, std::size_t bytes) {
     }
     if (n == 0) {
       // Not expected from a regular file, but looping on it would never end.
-      fail("write failed: no progress", 0);
+      fail("write failed: no progress", 0, true);
     }
     p += n;
     bytes -= static_cast<std::size_t>(n);

@@ -24,9 +24,11 @@ void remove_stale_temps(const std::filesystem::path& path) noexcept;
  *
  * The bytes go to `PATH.tmp.<pid>.<random>` in the same directory (so the rename cannot cross
  * filesystems); commit() fsyncs it, renames it over PATH and fsyncs the directory. A crash or
- * an exception before the rename leaves PATH as it was. Errors are tierflow::error with one
- * line, `WHAT PATH: PROBLEM: STRERROR`, e.g.
- * `checkpoint /x/y.tfck: write failed: No space left on device`.
+ * an exception before the rename leaves PATH as it was. What the system refuses (no room, no
+ * permission, a read-only file system: any errno) is environment_error, with one line,
+ * `WHAT PATH: PROBLEM: STRERROR (errno N)`, e.g.
+ * `checkpoint /x/y.tfck: write failed: No space left on device (errno 28)`; a path that is
+ * not a regular file is tierflow::error.
  *
  * After any failure the temp file is already gone and the writer refuses further use.
  *
@@ -40,7 +42,8 @@ class durable_writer {
    * @brief Creates the temp file beside @p path (mode 0644 before the umask).
    * @param path the file to replace (or create); its directory must exist
    * @param what what is being written, e.g. "checkpoint": the start of every error message
-   * @throws tierflow::error naming the path
+   * @throws environment_error naming the path when the temp file cannot be created;
+   *         tierflow::error when the path exists and is not a regular file
    */
   durable_writer(std::filesystem::path path, std::string what);
 
@@ -52,14 +55,14 @@ class durable_writer {
 
   /**
    * @brief Appends @p bytes bytes from @p data (partial writes and EINTR are retried).
-   * @throws tierflow::error naming the path, e.g. when the disk is full
+   * @throws environment_error naming the path, e.g. when the disk is full
    */
   void write(const void* data, std::size_t bytes);
 
   /**
    * @brief Makes the file durable and puts it in place: fsync, rename over the path, fsync of
    * the directory. Call once; the writer is spent afterwards.
-   * @throws tierflow::error naming the path. If only the directory fsync failed, the new file
+   * @throws environment_error naming the path. If only the directory fsync failed, the new file
    * is already in place, but its name may not survive a crash.
    */
   void commit();
@@ -68,8 +71,9 @@ class durable_writer {
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
  private:
-  /** @brief Closes and removes the temp file, then throws tierflow::error for @p problem. */
-  [[noreturn]] void fail(const std::string& problem, int code);
+  /** @brief Closes and removes the temp file, then throws environment_error for @p problem
+   * when @p code (an errno) is not 0 or @p environment is set, else tierflow::error. */
+  [[noreturn]] void fail(const std::string& problem, int code, bool environment = false);
   /** @brief Closes and removes the temp file if still there; never throws. */
   void discard() noexcept;
 

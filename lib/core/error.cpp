@@ -1,6 +1,7 @@
 #include "tierflow/error.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -50,6 +51,33 @@ input_error::input_error(std::string source, std::string problem, std::string of
       source_(std::move(source)),
       problem_(std::move(problem)),
       offending_text_(printable_excerpt(offending_text)) {}
+
+namespace {
+
+std::string environment_message(const std::string& context, const std::string& resource,
+                                int error_code) {
+  std::string message =
+      context.find(resource) == std::string::npos ? resource + ": " + context : context;
+  if (error_code != 0) {
+    message += std::string(": ") + std::strerror(error_code) + " (errno " +
+               std::to_string(error_code) + ")";
+  }
+  return printable(message, std::string::npos);
+}
+
+}  // namespace
+
+environment_error::environment_error(const std::string& context, std::string resource,
+                                     int error_code)
+    : error(environment_message(context, resource, error_code)),
+      resource_(std::move(resource)),
+      error_code_(error_code) {}
+
+busy_error::busy_error(std::string call, const std::string& running)
+    : error(call + ": refused: " + (running.empty() ? std::string("another call") : running) +
+            " is in progress on this object in another thread (one call at a time; the refused "
+            "call changed nothing)"),
+      call_(std::move(call)) {}
 
 std::string format_byte_count(std::uint64_t bytes) {
   constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/threads.hpp"
 #include "device/device_internal.hpp"
 #include "platform/numa.hpp"
 #include "platform/stream_copy.hpp"
@@ -34,9 +35,7 @@ namespace platform = detail::platform;
 class parallel_copier {
  public:
   explicit parallel_copier(unsigned helpers) {
-    for (unsigned i = 0; i < helpers; ++i) {
-      threads_.emplace_back([this] { run(); });
-    }
+    (void)detail::start_helpers(threads_, helpers, "emulated device copies", [this] { run(); });
   }
   parallel_copier(const parallel_copier&) = delete;
   parallel_copier& operator=(const parallel_copier&) = delete;
@@ -214,7 +213,7 @@ class emulated_stream final : public stream {
   using operation = std::function<void(emulated_stream&)>;
 
   emulated_stream(std::string name, const void* owner) : name_(std::move(name)), owner_(owner) {
-    worker_ = std::thread([this] { run(); });
+    worker_ = detail::start_thread("emulated stream " + name_, [this] { run(); });
   }
   emulated_stream(const emulated_stream&) = delete;
   emulated_stream& operator=(const emulated_stream&) = delete;

@@ -92,8 +92,8 @@ class mlock_locker final : public page_locker {
             " (the locked-memory limit is too low: raise it with `ulimit -l` or run with "
             "CAP_IPC_LOCK)";
       }
-      throw error("mlock of " + format_byte_count(bytes) + " failed: " + std::strerror(code) +
-                  hint);
+      throw environment_error("mlock of " + format_byte_count(bytes) + " failed" + hint, "mlock",
+                              code);
     }
   }
   void unlock(void* address, std::size_t bytes) noexcept override {

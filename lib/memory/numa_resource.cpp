@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "core/threads.hpp"
 #include "platform/numa.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
@@ -17,6 +18,17 @@ namespace tierflow {
 namespace platform = detail::platform;
 
 namespace {
+
+// A failed mmap, mbind or page fault-in: EINVAL is an argument the kernel refused (a node this
+// machine lacks, a bad policy), anything else the machine's state (limits, permissions, memory
+// it cannot give): environment_error.
+[[noreturn]] void throw_memory_failure(const std::string& context, const std::string& resource,
+                                       int code) {
+  if (code == EINVAL) {
+    throw error(context + ": " + std::strerror(code));
+  }
+  throw environment_error(context, resource, code);
+}
 
 constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 constexpr std::size_t populate_piece_bytes = std::size_t{32} << 20;
@@ -111,8 +123,8 @@ void* numa_resource::do_allocate(std::size_t bytes, std::size_t alignment) {
     if (code == ENOMEM) {
       throw out_of_capacity(name(), bytes, free_by_node(node_ids_));
     }
-    throw error(name() + ": mmap of " + format_byte_count(length) +
-                " failed: " + std::strerror(code));
+    throw_memory_failure(name() + ": mmap of " + format_byte_count(length) + " failed", name(),
+                         code);
   }
   try {
     if (huge) {
@@ -140,8 +152,9 @@ std::vector<numa_resource::segment> numa_resource::place(void* address, std::siz
   auto bind = [&](void* start, std::size_t length, platform::mbind_mode mode,
                   const std::vector<int>& nodes) {
     if (const int code = platform::bind_memory(start, length, mode, nodes); code != 0) {
-      throw error(name() + ": mbind(" + std::to_string(static_cast<int>(mode)) + ", nodes " +
-                  node_list(nodes) + ") failed: " + std::strerror(code));
+      throw_memory_failure(name() + ": mbind(" + std::to_string(static_cast<int>(mode)) +
+                               ", nodes " + node_list(nodes) + ") failed",
+                           name(), code);
     }
   };
   const int single = node_ids_.size() == 1 ? node_ids_.front() : -1;
@@ -183,8 +196,9 @@ std::vector<numa_resource::segment> numa_resource::place(void* address, std::siz
       return {{0, bytes, single}};
     }
     if (code != EINVAL) {
-      throw error(name() + ": mbind(weighted interleave, nodes " + node_list(node_ids_) +
-                  ") failed: " + std::strerror(code));
+      throw_memory_failure(
+          name() + ": mbind(weighted interleave, nodes " + node_list(node_ids_) + ") failed",
+          name(), code);
     }
     kernel_weighted_refused_.store(true);
     detail::log(log_level::info, name() +
@@ -235,8 +249,9 @@ std::vector<numa_resource::segment> numa_resource::split_by_weights(
     if (const int code =
             platform::bind_memory(start, s.bytes, platform::mbind_mode::bind, {s.node});
         code != 0) {
-      throw error(name() + ": mbind(bind, node " + std::to_string(s.node) + ") for a " +
-                  format_byte_count(s.bytes) + " range failed: " + std::strerror(code));
+      throw_memory_failure(name() + ": mbind(bind, node " + std::to_string(s.node) + ") for a " +
+                               format_byte_count(s.bytes) + " range failed",
+                           name(), code);
     }
   }
   return segments;
@@ -280,9 +295,9 @@ void numa_resource::populate(void* address, const std::vector<segment>& segments
     work(false);  // the caller's own thread keeps its affinity
   } else {
     std::vector<std::thread> pool;
-    pool.reserve(threads);
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back(work, true);
+    const auto pinned_work = [&work] { work(true); };
+    if (detail::start_helpers(pool, threads, name() + ": populate", pinned_work) == 0) {
+      work(false);  // no helper at all: the caller's thread does it, keeping its affinity
     }
     for (auto& t : pool) {
       t.join();
@@ -296,8 +311,8 @@ void numa_resource::populate(void* address, const std::vector<segment>& segments
     if (code == ENOMEM) {
       throw out_of_capacity(name(), total, free_by_node(node_ids_));
     }
-    throw error(name() + ": populating " + format_byte_count(total) +
-                " failed: " + std::strerror(code));
+    throw_memory_failure(name() + ": populating " + format_byte_count(total) + " failed", name(),
+                         code);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "core/threads.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/log.hpp"
@@ -250,9 +251,7 @@ void pool_resource::reserve(std::uint64_t bytes, unsigned threads) {
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) {
-    pool.emplace_back(work);
-  }
+  (void)detail::start_helpers(pool, threads - 1, name() + ": reserve", work);
   work();
   for (auto& t : pool) {
     t.join();

@@ -4,6 +4,7 @@
 // and the waits and errors that the cpu and streamed steps share. The facade (offload_adam.cpp)
 // builds it; the modes' units (adam_cpu_step, adam_streamed_step) and the recovery
 // (adam_recovery) step it.
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +75,9 @@ struct adam_core {
   // writes the state.
   std::unique_ptr<prefetch_scheduler> scheduler;
 
-  bool params_stale = false;  // the device params lag the master weights
+  // The device params lag the master weights (atomic: params_current() may read it from
+  // another thread while a step runs).
+  std::atomic<bool> params_stale{false};
 
   adam_metrics totals;
 

@@ -11,6 +11,7 @@
 //   adam_speculation  overlap backward: grad_ready()'s speculative update, kept or restored
 //   adam_recovery     re-sending stale params; streamed mode's roll-back, roll-forward and
 //                     pending step
+//   adam_names        the enums' names and parsers, adam_step_error
 // All or nothing: docs/reliability.md.
 #include "tierflow/offload_adam.hpp"
 
@@ -22,6 +23,7 @@
 #include <set>
 #include <thread>
 
+#include "core/call_gate.hpp"
 #include "optim/adam_checkpoint.hpp"
 #include "optim/adam_core.hpp"
 #include "optim/adam_cpu_step.hpp"
@@ -36,71 +38,6 @@
 #include "tierflow/where.hpp"
 
 namespace tierflow {
-
-std::string_view to_string(param_dtype dtype) noexcept {
-  switch (dtype) {
-    case param_dtype::f32:
-      return "f32";
-    case param_dtype::bf16:
-      return "bf16";
-    case param_dtype::f16:
-      return "f16";
-  }
-  return "unknown";
-}
-
-std::size_t dtype_bytes(param_dtype dtype) noexcept {
-  return dtype == param_dtype::f32 ? 4 : 2;
-}
-
-std::string_view to_string(adam_mode mode) noexcept {
-  switch (mode) {
-    case adam_mode::cpu:
-      return "cpu";
-    case adam_mode::streamed:
-      return "streamed";
-    case adam_mode::automatic:
-      return "auto";
-  }
-  return "unknown";
-}
-
-adam_step_error::adam_step_error(const std::string& what, outcome result)
-    : device_error(what), outcome_(result) {}
-
-std::string_view to_string(adam_step_error::outcome outcome) noexcept {
-  switch (outcome) {
-    case adam_step_error::outcome::not_applied:
-      return "not_applied";
-    case adam_step_error::outcome::applied:
-      return "applied";
-    case adam_step_error::outcome::pending:
-      return "pending";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(adam_overlap overlap) noexcept {
-  return overlap == adam_overlap::backward ? "backward" : "none";
-}
-
-std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept {
-  for (adam_overlap overlap : {adam_overlap::none, adam_overlap::backward}) {
-    if (text == to_string(overlap)) {
-      return overlap;
-    }
-  }
-  return std::nullopt;
-}
-
-std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept {
-  for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed, adam_mode::automatic}) {
-    if (text == to_string(mode)) {
-      return mode;
-    }
-  }
-  return std::nullopt;
-}
 
 using detail::chunk_ref;
 using detail::clock_type;
@@ -135,6 +72,8 @@ struct offload_adam::impl {
   std::unique_ptr<detail::adam_cpu_step> cpu;
   std::unique_ptr<detail::adam_streamed_step> streamed;
   std::unique_ptr<detail::adam_speculation> speculation;  // overlap backward, cpu mode
+  // One public call at a time (grad_ready()s shared): a second thread's call is refused.
+  mutable detail::call_gate gate;
 
   impl(device& d, adam_options o, placement_policy& p) : core(d, std::move(o), p) {}
   // The speculation's work done, the device idle and the host memory unregistered before the
@@ -158,6 +97,9 @@ struct offload_adam::impl {
   // before)
   void read_params(const detail::param_state& p);
   void refuse_while_pending(const char* call) const;
+  // The bodies of set_grad() and grad_ready(), for callers that hold the gate.
+  void set_grad(std::size_t group, std::size_t param, const void* grad);
+  void grad_ready(std::size_t group, std::size_t param);
   [[nodiscard]] bool pending() const noexcept { return streamed && streamed->recovery().pending(); }
 };
 
@@ -346,6 +288,7 @@ offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_opt
 offload_adam::~offload_adam() = default;
 
 adam_step_result offload_adam::step() {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::step");
   impl& s = *impl_;
   detail::adam_core& core = s.core;
   const auto start = clock_type::now();
@@ -378,16 +321,19 @@ adam_step_result offload_adam::step() {
 }
 
 const adam_hyper& offload_adam::hyper(std::size_t group) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::hyper");
   return impl_->core.group_at(group).hyper;
 }
 
 void offload_adam::set_hyper(std::size_t group, const adam_hyper& hyper) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_hyper");
   impl_->core.group_at(group);
   detail::check_hyper(hyper, "group " + std::to_string(group));
   impl_->core.groups[group].hyper = hyper;
 }
 
 void offload_adam::set_lr(double lr) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_lr");
   for (std::size_t g = 0; g < impl_->core.groups.size(); ++g) {
     adam_hyper h = impl_->core.groups[g].hyper;
     h.lr = lr;
@@ -399,6 +345,7 @@ void offload_adam::set_lr(double lr) {
 }
 
 void offload_adam::sync_params() {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::sync_params");
   detail::resend_stale_params(impl_->core, "sync_params");
 }
 
@@ -407,10 +354,12 @@ bool offload_adam::params_current() const noexcept {
 }
 
 std::uint64_t offload_adam::step_count(std::size_t group) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::step_count");
   return impl_->core.group_at(group).steps;
 }
 
 std::uint64_t offload_adam::step_count(std::size_t group, std::size_t param) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::step_count");
   return impl_->core.param_at(group, param).steps;
 }
 
@@ -425,11 +374,11 @@ void offload_adam::impl::refuse_while_pending(const char* call) const {
   }
 }
 
-void offload_adam::set_grad(std::size_t group, std::size_t param, const void* grad) {
-  impl_->core.param_at(group, param);
-  impl_->refuse_while_pending("set_grad");
-  detail::param_state& p = impl_->core.groups[group].params[param];
-  if (impl_->speculation && impl_->speculation->announced(group, param) && grad != p.desc.grad) {
+void offload_adam::impl::set_grad(std::size_t group, std::size_t param, const void* grad) {
+  core.param_at(group, param);
+  refuse_while_pending("set_grad");
+  detail::param_state& p = core.groups[group].params[param];
+  if (speculation && speculation->announced(group, param) && grad != p.desc.grad) {
     throw error("offload_adam::set_grad: '" + p.desc.name +
                 "' was announced by grad_ready() for this step; its grad cannot change now");
   }
@@ -439,27 +388,39 @@ void offload_adam::set_grad(std::size_t group, std::size_t param, const void* gr
   }
 }
 
-void offload_adam::grad_ready(std::size_t group, std::size_t param) {
-  const detail::param_state& p = impl_->core.param_at(group, param);
-  impl_->refuse_while_pending("grad_ready");
+void offload_adam::impl::grad_ready(std::size_t group, std::size_t param) {
+  const detail::param_state& p = core.param_at(group, param);
+  refuse_while_pending("grad_ready");
   if (!p.active) {
     throw error("offload_adam::grad_ready: '" + p.desc.name +
                 "' has no grad this step (set_grad(nullptr)); give one with set_grad() first");
   }
-  if (impl_->speculation) {
-    impl_->speculation->grad_ready(group, param);
+  if (speculation) {
+    speculation->grad_ready(group, param);
   }
+}
+
+void offload_adam::set_grad(std::size_t group, std::size_t param, const void* grad) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_grad");
+  impl_->set_grad(group, param, grad);
+}
+
+void offload_adam::grad_ready(std::size_t group, std::size_t param) {
+  const detail::call_gate::shared hold(impl_->gate, "offload_adam::grad_ready");
+  impl_->grad_ready(group, param);
 }
 
 void offload_adam::grad_ready(std::size_t group, std::size_t param, const void* grad) {
   TIERFLOW_EXPECTS(grad != nullptr, "offload_adam::grad_ready: the grad pointer is null");
-  set_grad(group, param, grad);
-  grad_ready(group, param);
+  const detail::call_gate::shared hold(impl_->gate, "offload_adam::grad_ready");
+  impl_->set_grad(group, param, grad);
+  impl_->grad_ready(group, param);
 }
 
 void offload_adam::set_state(std::size_t group, std::size_t param, const float* master,
                              const float* exp_avg, const float* exp_avg_sq, std::size_t elements,
                              std::uint64_t steps) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_state");
   const detail::param_state& p = impl_->core.param_at(group, param);
   impl_->refuse_while_pending("set_state");
   const std::string what = "offload_adam::set_state: '" + p.desc.name + "'";
@@ -498,6 +459,7 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
 }
 
 void offload_adam::refresh_master(std::size_t group, std::size_t param) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::refresh_master");
   const detail::param_state& p = impl_->core.param_at(group, param);
   impl_->refuse_while_pending("refresh_master");
   impl_->cancel_speculation();
@@ -522,6 +484,7 @@ adam_kernel offload_adam::kernel() const noexcept {
 }
 
 void offload_adam::save(const std::filesystem::path& path) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::save");
   if (impl_->pending()) {
     throw error("offload_adam::save: " + path.string() +
                 ": a failed step is pending (half done); step() completes it first");
@@ -532,6 +495,7 @@ void offload_adam::save(const std::filesystem::path& path) const {
 }
 
 void offload_adam::load(const std::filesystem::path& path) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::load");
   impl_->cancel_speculation();
   impl_->core.flush_state();
   detail::load_checkpoint(path, impl_->core.groups);
@@ -549,6 +513,7 @@ void offload_adam::load(const std::filesystem::path& path) {
 }
 
 adam_metrics offload_adam::metrics() const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::metrics");
   adam_metrics m = impl_->core.totals;
   if (impl_->core.scheduler) {
     const scheduler_metrics sm = impl_->core.scheduler->metrics();
@@ -560,6 +525,7 @@ adam_metrics offload_adam::metrics() const {
 }
 
 page_residency offload_adam::state_residency(data_class cls) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::state_residency");
   if (cls != data_class::master_params && cls != data_class::optimizer_state) {
     throw error(
         "offload_adam::state_residency: the state is master_params and "
@@ -591,6 +557,7 @@ std::vector<float> copy_of(const float* p, std::size_t n) {
 }  // namespace
 
 std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t param) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::master_weights");
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
@@ -598,6 +565,7 @@ std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t p
 }
 
 std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::exp_avg");
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
@@ -605,6 +573,7 @@ std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) c
 }
 
 std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param) const {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::exp_avg_sq");
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();

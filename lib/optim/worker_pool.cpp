@@ -1,5 +1,6 @@
 #include "optim/worker_pool.hpp"
 
+#include "core/threads.hpp"
 #include "platform/numa.hpp"
 
 namespace tierflow::detail {
@@ -8,7 +9,8 @@ worker_pool::worker_pool(const std::vector<int>& nodes) {
   threads_.reserve(nodes.size());
   try {
     for (std::size_t w = 0; w < nodes.size(); ++w) {
-      threads_.emplace_back([this, w, node = nodes[w]] { work(w, node); });
+      threads_.push_back(
+          start_thread("offload_adam workers", [this, w, node = nodes[w]] { work(w, node); }));
     }
   } catch (...) {
     {

@@ -18,7 +18,7 @@ namespace tierflow::detail {
 class worker_pool {
  public:
   /** One worker per entry of @p nodes, pinned to that node's CPUs (a negative node: unpinned).
-   *  @throws std::system_error when a thread cannot be started (none are left running) */
+   *  @throws environment_error when a thread cannot be started (none are left running) */
   explicit worker_pool(const std::vector<int>& nodes);
   ~worker_pool();
   worker_pool(const worker_pool&) = delete;

@@ -301,7 +301,8 @@ std::filesystem::path save_measured_access(const topology& topo,
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) {
-    throw error("measured-attribute cache: cannot create " + folder.string() + ": " + ec.message());
+    throw environment_error("measured-attribute cache: cannot create " + folder.string(),
+                            folder.string(), ec.value());
   }
   const auto key = detail::measured_cache_key(detail::node_ids(topo));
   const auto path = detail::measured_cache_path(folder, key);

@@ -5,18 +5,22 @@ loads ``libtierflow.so`` (see ``tierflow._capi``) and defines the exceptions eve
 it does not import torch.
 """
 from tierflow._capi import (
+    BusyError,
     DeviceError,
     InputError,
     OutOfMemoryError,
+    TierflowEnvironmentError,
     TierflowError,
     library_path,
     library_version,
 )
 
 __all__ = [
+    "BusyError",
     "DeviceError",
     "InputError",
     "OutOfMemoryError",
+    "TierflowEnvironmentError",
     "TierflowError",
     "library_path",
     "library_version",

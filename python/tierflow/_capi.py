@@ -37,6 +37,8 @@ ERR_DEVICE = 3
 ERR_INPUT = 4
 ERR_BUFFER_TOO_SMALL = 5
 ERR_INTERNAL = 6
+ERR_BUSY = 7
+ERR_ENVIRONMENT = 8
 
 # tf_dtype
 DTYPE_F32 = 0
@@ -81,11 +83,24 @@ class InternalError(TierflowError, RuntimeError):
     """Anything else the library reports."""
 
 
+class BusyError(TierflowError, RuntimeError):
+    """Another thread's call on the same optimizer is in progress; this call was refused and
+    changed nothing (TF_ERR_BUSY). One optimizer takes one call at a time."""
+
+
+class TierflowEnvironmentError(TierflowError, OSError):
+    """The machine refused, not the arguments: a full disk, a read-only or permission-denied
+    folder, the mlock limit, a thread that could not start (TF_ERR_ENVIRONMENT). ``errno`` is
+    not set (the message carries the errno text)."""
+
+
 _ERRORS = {
     ERR_INVALID_ARGUMENT: InvalidArgumentError,
     ERR_OUT_OF_MEMORY: OutOfMemoryError,
     ERR_DEVICE: DeviceError,
     ERR_INPUT: InputError,
+    ERR_BUSY: BusyError,
+    ERR_ENVIRONMENT: TierflowEnvironmentError,
 }
 
 

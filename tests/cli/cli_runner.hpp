@@ -74,4 +74,15 @@ inline void check_one_line_error(const run_result& r, const std::string& expecte
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
+/** A failure the machine caused (docs/errors.md): one line naming @p expected and the errno,
+ *  exit code 74, nothing on stdout. */
+inline void check_environment_error(const run_result& r, const std::string& expected) {
+  INFO("stderr: " << r.err);
+  CHECK(r.exit_code == 74);
+  CHECK(r.out.empty());
+  CHECK_THAT(r.err, Catch::StartsWith("tierflow: error: "));
+  CHECK_THAT(r.err, Catch::Contains(expected) && Catch::Contains("(errno "));
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
 }  // namespace tierflow::test::cli

@@ -1,5 +1,7 @@
 // `tierflow demo` as a user runs it: its files, the verify run, one-line errors.
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -82,7 +84,9 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(demo({"--placement", "weights=dram"}), "--placement");
   check_one_line_error(demo({"--hbm-budget", "0.001"}), "--hbm-budget");
   check_one_line_error(demo({"--hbm-budget", "-1"}), "--hbm-budget");
-  check_one_line_error(demo({"--out", "/proc/tierflow-demo-out"}), "--out");
+  // A folder the machine will not create: not bad input, the environment (exit 74).
+  check_environment_error(demo({"--out", "/proc/tierflow-demo-out"}),
+                          "--out: cannot create the folder '/proc/tierflow-demo-out'");
   check_one_line_error(demo({"--adam-chunk", "0"}), "--adam-chunk");
   check_one_line_error(demo({"--emu-link", "h2d=fast"}), "--emu-link");
   check_one_line_error(demo({"--layers", "0"}), "--layers");
@@ -110,6 +114,12 @@ TEST_CASE(
   check_one_line_error(huge, "--layers: the model needs about ");
   CHECK_THAT(huge.err, Catch::Contains("of host memory; the machine has "));
   CHECK_THAT(huge.err, Catch::Contains("'1000000 layers x 65536'"));
-  // An --out folder whose files cannot be created (/proc/self exists, takes no new files).
-  check_one_line_error(run_cli({"demo", "--out", "/proc/self"}), "--out: cannot write the file");
+  // An --out folder whose files cannot be created (/proc/self exists, takes no new files; /sys
+  // refuses even root): the machine's refusal, exit 74, naming the file and the errno text.
+  check_environment_error(run_cli({"demo", "--out", "/proc/self"}),
+                          "--out: cannot write the file '/proc/self/metrics.json'");
+  const auto sys = run_cli({"demo", "--out", "/sys"});
+  check_environment_error(sys, "--out: cannot write the file '/sys/metrics.json'");
+  CHECK_THAT(sys.err,
+             Catch::Contains(std::strerror(EACCES)) || Catch::Contains(std::strerror(EROFS)));
 }

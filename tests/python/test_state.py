@@ -210,3 +210,23 @@ def test_params_changed_outside_the_optimizer_are_its_truth(seed):
         train_step(model, opt, batch(), (reference, ref_opt))
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert_close_to_scale(p.detach(), q.detach(), what=name)
+
+
+def test_a_save_the_machine_refuses_is_an_oserror_and_keeps_the_file(seed, tmp_path):
+    """docs/errors.md: TF_ERR_ENVIRONMENT is tierflow.TierflowEnvironmentError, an OSError,
+    naming the path and the errno text; the checkpoint that was there is intact."""
+    model = Net()
+    opt = OffloadAdamW(groups(model), mode="cpu")
+    train_step(model, opt, batch())
+    path = tmp_path / "adam.tfck"
+    opt.save(path)
+    saved = path.read_bytes()
+    train_step(model, opt, batch())
+    # /sys takes no new files, even from root.
+    refused = r"/sys/tierflow-py\.tfck.*errno"
+    with pytest.raises(tierflow.TierflowEnvironmentError, match=refused) as e:
+        opt.save("/sys/tierflow-py.tfck")
+    assert isinstance(e.value, OSError)
+    assert e.value.status == 8
+    assert path.read_bytes() == saved
+    opt.load(path)  # still a good checkpoint

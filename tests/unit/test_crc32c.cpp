@@ -187,10 +187,11 @@ TEST_CASE("durable_writer errors name the file", "[checkpoint]") {
   const tierflow::test::scratch_dir dir;
 
   const auto nowhere = dir.path() / "no-such-dir" / "state.tfck";
-  CHECK_THROWS_AS(durable_writer(nowhere, "checkpoint"), tierflow::error);
+  // The system's refusal: environment_error with the errno (docs/errors.md).
+  CHECK_THROWS_AS(durable_writer(nowhere, "checkpoint"), tierflow::environment_error);
   CHECK_THROWS_WITH(durable_writer(nowhere, "checkpoint"),
                     Catch::StartsWith("checkpoint " + nowhere.string() + ": ") &&
-                        Catch::EndsWith(": No such file or directory"));
+                        Catch::EndsWith(": No such file or directory (errno 2)"));
 
   // A directory is refused at once (the rename would fail, or replace an empty one).
   const auto folder = dir.path() / "folder";

@@ -2,16 +2,36 @@
 // The tierflow CLI's subcommands. Each registers its options on the app and returns the action
 // to run when it was chosen; actions return the process exit code.
 
+#include <exception>
 #include <functional>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 
+#include "tierflow/error.hpp"
+
 namespace tierflow::cli {
 
-/** Exit codes: 0 success, 1 failure while running, 2 bad input (arguments, files, env). */
+/** Exit codes: 0 success, 1 failure while running, 2 bad input (arguments, files, env), 74
+ *  the machine refused (sysexits' EX_IOERR: a full disk, a read-only or permission-denied
+ *  folder, the mlock limit, a thread that could not start; docs/errors.md). */
 inline constexpr int exit_ok = 0;
 inline constexpr int exit_failure = 1;
 inline constexpr int exit_bad_input = 2;
+inline constexpr int exit_environment = 74;
+
+/** The exit code that says whose fault @p failure is: exit_bad_input (input_error),
+ *  exit_environment (environment_error, std::system_error) or exit_failure. */
+inline int exit_code_for(const std::exception& failure) noexcept {
+  if (dynamic_cast<const input_error*>(&failure) != nullptr) {
+    return exit_bad_input;
+  }
+  if (dynamic_cast<const environment_error*>(&failure) != nullptr ||
+      dynamic_cast<const std::system_error*>(&failure) != nullptr) {
+    return exit_environment;
+  }
+  return exit_failure;
+}
 
 using action = std::function<int()>;
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -109,6 +110,12 @@ int main(int argc, char** argv) {
   } catch (const tierflow::input_error& e) {
     print_error(e.what());
     return exit_bad_input;
+  } catch (const tierflow::environment_error& e) {
+    print_error(e.what());
+    return exit_environment;
+  } catch (const std::system_error& e) {  // a thread or a file the system refused
+    print_error(std::string(e.what()) + " (errno " + std::to_string(e.code().value()) + ")");
+    return exit_environment;
   } catch (const std::exception& e) {
     print_error(e.what());
     return exit_failure;

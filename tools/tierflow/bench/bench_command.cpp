@@ -412,12 +412,14 @@ int run(bench_options& o) {
   // The measurement is the work: a page that cannot be written after all is said after the
   // results are printed, never instead of them.
   std::string html_failure;
+  int html_failure_exit = exit_failure;
   if (!o.html.empty()) {
     try {
       write_text_file(o.html, render_bench_html(report));
       report["html"] = o.html;
     } catch (const std::exception& e) {
       html_failure = e.what();
+      html_failure_exit = exit_code_for(e);
     }
   }
   if (o.json_output) {
@@ -439,7 +441,7 @@ int run(bench_options& o) {
   if (!html_failure.empty()) {
     std::fprintf(stderr, "tierflow: error: --html: %s (the results are above)\n",
                  html_failure.c_str());
-    return exit_failure;
+    return html_failure_exit;
   }
   bool verified = true;
   for (const auto& tc : report["testcases"]) {

@@ -97,7 +97,9 @@ void check_output_file(const char* flag, const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) {
     const int code = errno;
-    throw input_error(flag, std::string("cannot write the file: ") + std::strerror(code), path);
+    // The path is well formed; the machine refused it (permission, read-only, no room).
+    throw environment_error(std::string(flag) + ": cannot write the file '" + path + "'", path,
+                            code);
   }
   ::close(fd);
   if (!existed) {
@@ -106,11 +108,13 @@ void check_output_file(const char* flag, const std::string& path) {
 }
 
 void write_text_file(const std::filesystem::path& path, const std::string& text) {
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
   out.close();
   if (!out) {
-    throw error(path.string() + ": cannot write the file");
+    const int code = errno;  // what the failed open, write or close left
+    throw environment_error(path.string() + ": cannot write the file", path.string(), code);
   }
 }
 

@@ -21,10 +21,12 @@ std::string format_bandwidth(std::optional<double> gbps);
 /** Refuses an output file that cannot be written, before any work is done: its folder is
  *  missing, it is a folder or not a regular file, or opening it for writing fails (read-only
  *  file system, no permission, /proc). A file the check creates is removed again.
- *  @throws input_error naming @p flag, the reason and the path */
+ *  @throws input_error naming @p flag, the reason and the path for a path that is a folder or
+ *  not a regular file, or whose folder does not exist; environment_error naming them when the
+ *  system refuses to create the file (permission, read-only file system, no room) */
 void check_output_file(const char* flag, const std::string& path);
 
-/** Writes @p text to @p path, replacing it. @throws tierflow::error naming the file */
+/** Writes @p text to @p path, replacing it. @throws environment_error naming the file */
 void write_text_file(const std::filesystem::path& path, const std::string& text);
 
 /** Renders rows under a header, each column as wide as its widest cell. */

@@ -102,10 +102,13 @@ void check_demo_fits(const demo_options& o, const topology& topo) {
 topology check_demo_environment(const demo_options& o) {
   std::error_code made;
   std::filesystem::create_directories(o.out, made);
-  if (made || !std::filesystem::is_directory(o.out)) {
-    throw input_error("--out",
-                      "cannot create the folder" + (made ? ": " + made.message() : std::string()),
-                      o.out);
+  std::error_code type_ec;
+  if (std::filesystem::exists(o.out, type_ec) && !std::filesystem::is_directory(o.out, type_ec)) {
+    throw input_error("--out", "not a folder", o.out);
+  }
+  if (made || !std::filesystem::is_directory(o.out, type_ec)) {
+    // The machine refused (no permission, a read-only or full file system): not bad input.
+    throw environment_error("--out: cannot create the folder '" + o.out + "'", o.out, made.value());
   }
   for (const char* name : {"metrics.json", "trace.json", "metrics.prom"}) {
     check_output_file("--out", (std::filesystem::path(o.out) / name).string());
@@ -267,10 +270,12 @@ int run_demo(const demo_options& o) {
   // The run is the work: files that cannot be written after all (checked at the start) are
   // said after the summary, never instead of it.
   std::string files_failure;
+  int files_failure_exit = exit_failure;
   try {
     write_run_files(dir, run);
   } catch (const std::exception& e) {
     files_failure = e.what();
+    files_failure_exit = exit_code_for(e);
   }
   const json verify = o.verify ? verify_against_resident(o, *dev, topo, run) : json();
   if (o.as_json) {
@@ -281,7 +286,7 @@ int run_demo(const demo_options& o) {
   if (!files_failure.empty()) {
     std::fprintf(stderr, "tierflow: error: --out: %s (the results are above)\n",
                  files_failure.c_str());
-    return exit_failure;
+    return files_failure_exit;
   }
   if (o.verify && !verify["bit_identical"].get<bool>()) {
     return exit_failure;

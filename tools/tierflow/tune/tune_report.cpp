@@ -265,12 +265,14 @@ int report_tune(const tune_options& t, tune_sweep& s) {
   // A page that cannot be written after all does not throw the sweep away: it is printed,
   // then the failure said.
   std::string html_failure;
+  int html_failure_exit = exit_failure;
   if (!t.html.empty()) {
     try {
       write_text_file(t.html, tune_html(s.points, *pick, s.workload_text, t.model_only));
       doc["html"] = t.html;
     } catch (const std::exception& e) {
       html_failure = e.what();
+      html_failure_exit = exit_code_for(e);
     }
   }
   if (t.as_json) {
@@ -282,7 +284,7 @@ int report_tune(const tune_options& t, tune_sweep& s) {
   if (!html_failure.empty()) {
     std::fprintf(stderr, "tierflow: error: --html: %s (the results are above)\n",
                  html_failure.c_str());
-    return exit_failure;
+    return html_failure_exit;
   }
   return exit_ok;
 }
