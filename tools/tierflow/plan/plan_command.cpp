@@ -43,7 +43,7 @@ std::string bytes_text(double bytes) {
   if (bytes <= 0) {
     return "-";
   }
-  return format_bytes(static_cast<std::uint64_t>(bytes));
+  return format_bytes(plan::byte_count(bytes));
 }
 
 json kinds_json(const rank_bytes& b) {
