@@ -2,6 +2,8 @@
 // tierflow's form.
 #include "cli_app.hpp"
 
+#include <cstdio>
+
 #include "tierflow/build_config.hpp"
 #include "tierflow/error.hpp"
 
@@ -49,7 +51,25 @@ action parse_command_line(cli_app& cli, int argc, const char* const* argv) {
   throw input_error("command line", "a command is required (" + std::string(command_names) + ")");
 }
 
-std::string describe_parse_error(const CLI::ParseError& e, const char* first_argument) {
+namespace {
+
+// @p text with control characters as \xNN: an argument holding a newline made a two-line error.
+std::string one_line(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", u);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string describe_raw(const CLI::ParseError& e, const char* first_argument) {
   const std::string what = e.what();
   // By type, not get_name(): CLI11 names a subcommand's ExtrasError after the subcommand.
   if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
@@ -77,6 +97,12 @@ std::string describe_parse_error(const CLI::ParseError& e, const char* first_arg
     return "command line: a command is required (" + std::string(command_names) + "): ''";
   }
   return what;
+}
+
+}  // namespace
+
+std::string describe_parse_error(const CLI::ParseError& e, const char* first_argument) {
+  return one_line(describe_raw(e, first_argument));
 }
 
 }  // namespace tierflow::cli
