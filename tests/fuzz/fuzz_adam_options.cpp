@@ -207,7 +207,6 @@ bool fill_grads(FuzzedDataProvider& in, std::vector<param_buffers>& ps, bool& sa
   const double scale = scales[in.ConsumeIntegralInRange<int>(0, 5)];
   sane = sane && scale <= 1e6;
   rng r{in.ConsumeIntegral<std::uint64_t>()};
-  bool finite = true;
   for (auto& p : ps) {
     if (p.grad == nullptr) {
       continue;
@@ -215,7 +214,6 @@ bool fill_grads(FuzzedDataProvider& in, std::vector<param_buffers>& ps, bool& sa
     for (std::size_t i = 0; i < p.elements; ++i) {
       const float v = static_cast<float>(scale * r.uniform());
       p.set(p.grad, i, v);
-      finite = finite && std::isfinite(p.value(p.grad, i));
     }
   }
   static constexpr float specials[] = {std::numeric_limits<float>::quiet_NaN(),
@@ -230,8 +228,14 @@ bool fill_grads(FuzzedDataProvider& in, std::vector<param_buffers>& ps, bool& sa
     const float v = specials[in.ConsumeIntegralInRange<int>(0, 5)];
     if (p.grad != nullptr) {
       p.set(p.grad, at, v);
-      finite = finite && std::isfinite(p.value(p.grad, at));
       sane = sane && std::fabs(v) <= 1e6f;
+    }
+  }
+  // Judged once every value is written: a later special may overwrite an earlier one.
+  bool finite = true;
+  for (const auto& p : ps) {
+    for (std::size_t i = 0; p.grad != nullptr && i < p.elements; ++i) {
+      finite = finite && std::isfinite(p.value(p.grad, i));
     }
   }
   return finite;
