@@ -12,7 +12,7 @@ namespace tierflow::cli {
 namespace {
 
 // What the errors about the command itself list.
-constexpr const char* command_names = "topo, bench, demo or tune";
+constexpr const char* command_names = "topo, bench, demo, tune or plan";
 
 // Everything after the first @p marker in @p text, or "" when it is not there.
 std::string after(const std::string& text, const std::string& marker) {
