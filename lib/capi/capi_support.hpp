@@ -59,6 +59,17 @@ tf_status guarded(const char* call, F&& fn) noexcept {
   }
 }
 
+// The int a caller stored in an enum field of a struct. Read as the enum, a value outside its
+// enumerators' range (a negative one: the range is 0 .. *_ENUM_MAX) is undefined behaviour, so
+// it is read as the int it is and checked as one.
+template <typename E>
+int enum_value(const E& field) noexcept {
+  static_assert(sizeof(E) == sizeof(int));
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
 inline void need(const void* p, const char* what) {
   if (p == nullptr) {
     throw tierflow::error(std::string(what) + " is NULL");

@@ -115,7 +115,7 @@ std::string where_json(const tf_adam& adam) {
   return w.str();
 }
 
-tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
+tierflow::param_dtype to_dtype(int d, std::size_t index) {
   switch (d) {
     case TF_DTYPE_F32:
       return tierflow::param_dtype::f32;
@@ -127,7 +127,7 @@ tierflow::param_dtype to_dtype(tf_dtype d, std::size_t index) {
       break;
   }
   throw tierflow::error("params[" + std::to_string(index) + "]: unknown dtype " +
-                        std::to_string(static_cast<int>(d)));
+                        std::to_string(d));
 }
 
 }  // namespace
@@ -251,7 +251,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       ap.name = p.name != nullptr ? p.name : "param" + std::to_string(i);
       ap.param = p.param;
       ap.grad = p.grad;
-      ap.dtype = to_dtype(p.dtype, i);
+      ap.dtype = to_dtype(enum_value(p.dtype), i);
       ap.elements = p.elements;
       ap.param_on_host = p.param_on_host != 0;
       a->where.emplace_back(p.group, gs[p.group].params.size());
@@ -260,7 +260,7 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
     }
     tierflow::adam_options o;
     if (options != nullptr) {
-      switch (options->mode) {
+      switch (enum_value(options->mode)) {
         case TF_ADAM_CPU:
           o.mode = tierflow::adam_mode::cpu;
           break;

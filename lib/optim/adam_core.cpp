@@ -136,16 +136,30 @@ const param_state& adam_core::param_at(std::size_t group, std::size_t param) con
   return g.params[param];
 }
 
-// The first non-finite grad of chunk @p c in the host copy of the grads (cpu mode), or npos.
+// The first non-finite grad of chunk @p c, or npos. cpu mode scans its host copy of the grads;
+// streamed mode reduced them on the device, so it copies the chunk's grads down first (the
+// step is skipped anyway: a chunk's copy is cheap next to the lost step).
 std::size_t adam_core::first_non_finite(const chunk_ref& c) const {
   const auto& p = param_of(c);
   const std::size_t width = dtype_bytes(p.desc.dtype);
-  const auto* base = static_cast<const unsigned char*>(grads_host.data()) + p.grad_offset;
-  for (std::size_t e = c.offset; e < c.offset + c.count; ++e) {
+  const unsigned char* grads = nullptr;
+  std::vector<unsigned char> fetched;
+  if (mode == adam_mode::cpu) {
+    grads = host_grads(c);
+  } else {
+    fetched.resize(c.count * width);
+    stream& d2h = dev.d2h_stream();
+    dev.copy_async(fetched.data(),
+                   static_cast<const unsigned char*>(p.desc.grad) + c.offset * width,
+                   fetched.size(), copy_kind::d2h, d2h);
+    d2h.synchronize();
+    grads = fetched.data();
+  }
+  for (std::size_t e = 0; e < c.count; ++e) {
     float value = 0;
-    load_as_f32(base + e * width, p.desc.dtype, &value, 1);
+    load_as_f32(grads + e * width, p.desc.dtype, &value, 1);
     if (!std::isfinite(value)) {
-      return e;
+      return c.offset + e;
     }
   }
   return std::string::npos;
@@ -155,10 +169,15 @@ std::string adam_core::skip_reason() const {
   for (const auto& c : chunks) {
     if (active(c) && !std::isfinite(partial[c.index])) {
       const auto& p = param_of(c);
-      // cpu mode holds the grads on the host: name the element; streamed mode reduced them on
-      // the device, so the chunk's range is what there is.
-      if (const std::size_t e = mode == adam_mode::cpu ? first_non_finite(c) : std::string::npos;
-          e != std::string::npos) {
+      std::size_t e = std::string::npos;
+      try {
+        e = first_non_finite(c);
+      } catch (const device_error& failure) {  // the copy down failed: the chunk's range it is
+        detail::log(
+            log_level::warning,
+            std::string("offload_adam: cannot read the non-finite grads back: ") + failure.what());
+      }
+      if (e != std::string::npos) {
         return "non-finite grad in '" + p.desc.name + "' (first at element " + std::to_string(e) +
                "): step skipped, state unchanged";
       }

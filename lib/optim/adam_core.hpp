@@ -117,7 +117,9 @@ struct adam_core {
     return make_adam_scalars(g.hyper, p.steps + 1, grad_scale);
   }
   [[nodiscard]] std::string skip_reason() const;
-  // The first non-finite grad of @p c in grads_host (cpu mode), or std::string::npos.
+  // The first non-finite grad of @p c (its element index in the param), or std::string::npos:
+  // from grads_host in cpu mode, copied down from the device in streamed mode.
+  // @throws device_error when that copy fails
   [[nodiscard]] std::size_t first_non_finite(const chunk_ref& c) const;
   // From the chunks' Σ g²: the norm, the clip coefficient and each param's scalars; false
   // (with the reason in @p result) when a grad is not finite.

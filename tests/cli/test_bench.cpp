@@ -185,12 +185,22 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
   for (const auto& tc : small_pages.at("testcases")) {
     CHECK(tc.at("huge_page_fraction").get<double>() <= 0.0);  // refused: none, or unreadable
   }
-  const auto small = run_cli(
-      {"bench", "--case", "node_read", "--buffer-mib", "1", "--llc-mib", "1", "--samples", "1"},
-      other_env);
+  tierflow::test::scratch_dir pages;
+  const auto page = pages.path() / "small.html";
+  const auto small = run_cli({"bench", "--case", "node_read", "--buffer-mib", "1", "--llc-mib", "1",
+                              "--samples", "1", "--html", page.string()},
+                             other_env);
   REQUIRE(small.exit_code == 0);
   CHECK_THAT(small.out, Catch::Contains("nothing cached"));
   CHECK(std::filesystem::is_empty(other.path()));
+  // The page carries the caveats of the text: buffers inside the cache, nothing cached.
+  const auto html = tierflow::test::read_file(page);
+  for (const char* said :
+       {"note: buffers are below 4 x the last-level cache", "nothing cached: no verified node case",
+        "of 1 samples after 1 warm-up", "buffers 1 MiB per array"}) {
+    CHECK_THAT(small.out, Catch::Contains(said));
+    CHECK_THAT(html, Catch::Contains(said));
+  }
 }
 
 TEST_CASE(
@@ -321,7 +331,13 @@ TEST_CASE(
                          {"llc_bytes", 32u << 20},
                          {"isa", "avx2"},
                          {"kernel", "6.1"}}},
-                       {"settings", {{"samples", 5}, {"buffer_bytes", 128u << 20}}},
+                       {"settings",
+                        {{"samples", 5},
+                         {"buffer_bytes", 128u << 20},
+                         {"latency_buffer_bytes", 256u << 20},
+                         {"note",
+                          "buffers are below 4 x the last-level cache: cache "
+                          "bandwidth is measured"}}},
                        {"testcases", tcs}};
   tierflow::test::scratch_dir dir;
   const auto in = dir.path() / "report.json";
@@ -353,6 +369,16 @@ TEST_CASE(
   CHECK_THAT(html, Catch::Contains("cxl&lt;box&gt;"));
   CHECK_THAT(html, Catch::Contains("&lt;no GPU&gt; &amp; no emulation"));
   CHECK(html.find("<no GPU>") == std::string::npos);
+  // What the text says about how it measured, the page says too: the samples, the buffer
+  // sizes, the last-level cache and the caveat that the buffers stayed in it.
+  CHECK_THAT(r.out, Catch::Contains("of 5 samples after 1 warm-up; buffers 128 MiB per array"));
+  CHECK_THAT(r.out, Catch::Contains("LLC 32 MiB"));
+  CHECK_THAT(r.out, Catch::Contains("note: buffers are below 4 x the last-level cache"));
+  CHECK_THAT(html, Catch::Contains("of 5 samples after 1 warm-up; buffers 128 MiB per array "
+                                   "(latency: 256 MiB)"));
+  CHECK_THAT(html, Catch::Contains("last-level cache 32 MiB"));
+  CHECK_THAT(html, Catch::Contains("note: buffers are below 4 x the last-level cache: cache "
+                                   "bandwidth is measured"));
 
   const auto csv = run_cli({"bench", "--from-json", in.string(), "--csv"});
   REQUIRE(csv.exit_code == 0);

@@ -157,7 +157,7 @@ TEST_CASE("cli: parse errors are one line 'tierflow: error: SOURCE: PROBLEM: TEX
     std::string expected;  // the whole message after the prefix starts so
   };
   const std::vector<row> rows = {
-      {{"nope"}, "command line: unknown command (topo, bench, demo or tune): 'nope'"},
+      {{"nope"}, "command line: unknown command (topo, bench, demo, tune or plan): 'nope'"},
       {{"topo", "extra"},
        "command line: unknown command, flag or argument (see tierflow --help): 'extra'"},
       {{"topo", "--initiator", "abc"}, "--initiator: not a valid value: 'abc'"},

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/format.hpp"
 #include "common/svg_chart.hpp"
 
 namespace tierflow::cli {
@@ -54,6 +55,45 @@ std::string heat(double v, double lo, double hi) {
   const double t = hi > lo ? (v - lo) / (hi - lo) : 1.0;
   const int lightness = static_cast<int>(std::lround(92.0 - 55.0 * t));
   return "hsl(210,70%," + std::to_string(lightness) + "%)";
+}
+
+// A byte count of the report as the text output writes it (`128 MiB`), "" when absent.
+std::string bytes_field(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) {
+    return "";
+  }
+  return format_bytes(j[key].get<std::uint64_t>());
+}
+
+// What the text output says about how it measured: samples, buffer sizes, the last-level cache,
+// the caveat when the buffers are too small to leave the cache, and what was cached.
+void settings_summary(std::ostringstream& o, const json& report, const json& machine) {
+  const json empty = json::object();
+  const json& s = report.contains("settings") ? report["settings"] : empty;
+  const std::string warmup = field(s, "warmup");
+  o << "<p class=\"settings\">Median [min&ndash;max] of " << html_escape(field(s, "samples"))
+    << " samples after " << (warmup.empty() ? "1" : html_escape(warmup)) << " warm-up; buffers "
+    << bytes_field(s, "buffer_bytes") << " per array";
+  if (const std::string latency = bytes_field(s, "latency_buffer_bytes"); !latency.empty()) {
+    o << " (latency: " << latency << ")";
+  }
+  if (const std::string link = bytes_field(s, "link_bytes"); !link.empty()) {
+    o << "; " << link << " per host&#8596;device copy";
+  }
+  o << "; last-level cache " << bytes_field(machine, "llc_bytes");
+  if (const std::string from = field(s, "llc_bytes_from"); !from.empty()) {
+    o << " (from " << html_escape(from) << ")";
+  }
+  o << ".</p>\n";
+  if (s.contains("note")) {
+    o << "<p class=\"bad\">note: " << html_escape(field(s, "note")) << "</p>\n";
+  }
+  if (report.contains("cache")) {
+    o << "<p class=\"legend\">Measured values cached in " << html_escape(field(report, "cache"))
+      << " (--no-cache to skip).</p>\n";
+  } else if (report.contains("cache_note")) {
+    o << "<p class=\"legend\">" << html_escape(field(report, "cache_note")) << "</p>\n";
+  }
 }
 
 void heat_maps(std::ostringstream& o, const json& testcases) {
@@ -288,6 +328,7 @@ std::string render_bench_html(const json& report) {
     << "</p>\n<p>Bandwidth in GB/s (10<sup>9</sup> B/s), sizes in "
        "MiB (2<sup>20</sup> B), latency in ns. Copy counts bytes read plus bytes written, triad "
        "its three streams (write-allocate traffic not counted).</p>\n";
+  settings_summary(o, report, machine);
   if (machine.contains("note")) {
     o << "<p class=\"legend\">" << html_escape(field(machine, "note")) << "</p>\n";
   }

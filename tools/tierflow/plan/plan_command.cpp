@@ -1,5 +1,5 @@
 // `tierflow plan`: sizes a training run on paper from a spec file (plan_spec.hpp), with the
-// model of plan_model.hpp; a table or JSON.
+// model of plan_model.hpp; a table or JSON (plan_report.hpp).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -11,6 +11,7 @@
 #include "common/format.hpp"
 #include "plan/plan_machine.hpp"
 #include "plan/plan_model.hpp"
+#include "plan/plan_report.hpp"
 #include "plan/plan_spec.hpp"
 
 namespace tierflow::cli {
@@ -44,7 +45,7 @@ std::string bytes_text(double bytes) {
   if (bytes <= 0) {
     return "-";
   }
-  return format_bytes(static_cast<std::uint64_t>(bytes));
+  return format_bytes(plan::byte_count(bytes));
 }
 
 json kinds_json(const rank_bytes& b) {
@@ -88,13 +89,13 @@ json result_json(const plan::plan_spec& s, const plan_result& r) {
   return j;
 }
 
-void print_memory(const plan::plan_spec& s, const plan_result& r) {
-  std::printf("tierflow plan: %s: %.4g params, %llu nodes x %llu GPUs (%llu ranks), %s%s%s\n\n",
-              s.name.c_str(), s.params, static_cast<unsigned long long>(s.nodes),
-              static_cast<unsigned long long>(s.gpus_per_node),
-              static_cast<unsigned long long>(r.ranks), plan::to_string(s.shard),
-              s.offload_optimizer ? ", optimizer offloaded" : "",
-              s.offload_params ? ", params offloaded" : "");
+void print_memory(std::FILE* out, const plan::plan_spec& s, const plan_result& r) {
+  std::fprintf(
+      out, "tierflow plan: %s: %.4g params, %llu nodes x %llu GPUs (%llu ranks), %s%s%s\n\n",
+      s.name.c_str(), s.params, static_cast<unsigned long long>(s.nodes),
+      static_cast<unsigned long long>(s.gpus_per_node), static_cast<unsigned long long>(r.ranks),
+      plan::to_string(s.shard), s.offload_optimizer ? ", optimizer offloaded" : "",
+      s.offload_params ? ", params offloaded" : "");
   std::vector<std::vector<std::string>> rows;
   for_each_kind(r.hbm, [&](const char* name, double) { rows.push_back({name}); });
   std::size_t i = 0;
@@ -102,19 +103,20 @@ void print_memory(const plan::plan_spec& s, const plan_result& r) {
   i = 0;
   for_each_kind(r.host, [&](const char*, double b) { rows[i++].push_back(bytes_text(b)); });
   rows.push_back({"total", bytes_text(r.hbm.total()), bytes_text(r.host.total())});
-  std::printf("Bytes per rank\n%s", render_table({"state", "hbm", "host tiers"}, rows).c_str());
-  std::printf("HBM: %s of %s per GPU: %s\n", bytes_text(r.hbm.total()).c_str(),
-              bytes_text(r.hbm_capacity_bytes).c_str(), r.hbm_fits ? "fits" : "DOES NOT FIT");
+  std::fprintf(out, "Bytes per rank\n%s",
+               render_table({"state", "hbm", "host tiers"}, rows).c_str());
+  std::fprintf(out, "HBM: %s of %s per GPU: %s\n", bytes_text(r.hbm.total()).c_str(),
+               bytes_text(r.hbm_capacity_bytes).c_str(), r.hbm_fits ? "fits" : "DOES NOT FIT");
   rows.clear();
   for (const auto& t : r.tiers) {
     rows.push_back({t.name, bytes_text(t.capacity_bytes), bytes_text(t.used_bytes)});
   }
-  std::printf("\nHost tiers per node, in spill order\n%s",
-              render_table({"tier", "capacity", "used"}, rows).c_str());
-  std::printf("host tiers: %s\n\n", r.host_fits ? "fit" : "DO NOT FIT");
+  std::fprintf(out, "\nHost tiers per node, in spill order\n%s",
+               render_table({"tier", "capacity", "used"}, rows).c_str());
+  std::fprintf(out, "host tiers: %s\n\n", r.host_fits ? "fit" : "DO NOT FIT");
 }
 
-void print_step(const plan_result& r) {
+void print_step(std::FILE* out, const plan_result& r) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& st : r.stages) {
     const bool compute = st.name == "compute";
@@ -122,13 +124,14 @@ void print_step(const plan_result& r) {
                     compute ? format_number(st.rate, 0) + " TFLOPS" : format_bandwidth(st.rate),
                     format_number(st.time_s, 3), st.name == r.bottleneck ? "<- bound" : ""});
   }
-  std::printf("Per step (%.4g tokens, %llu micro-batches per rank; GB/s = 10^9 B/s)\n%s",
-              r.tokens_per_step, static_cast<unsigned long long>(r.grad_accumulation),
-              render_table({"stage", "scope", "bytes", "rate", "time s", ""}, rows).c_str());
-  std::printf("step bound %.3f s (%s; serial %.3f s): %.4g tokens/s, MFU at most %.1f %%\n",
-              r.step_bound_s, r.bottleneck.c_str(), r.step_serial_s, r.tokens_per_s, 100.0 * r.mfu);
+  std::fprintf(out, "Per step (%.4g tokens, %llu micro-batches per rank; GB/s = 10^9 B/s)\n%s",
+               r.tokens_per_step, static_cast<unsigned long long>(r.grad_accumulation),
+               render_table({"stage", "scope", "bytes", "rate", "time s", ""}, rows).c_str());
+  std::fprintf(out, "step bound %.3f s (%s; serial %.3f s): %.4g tokens/s, MFU at most %.1f %%\n",
+               r.step_bound_s, r.bottleneck.c_str(), r.step_serial_s, r.tokens_per_s,
+               100.0 * r.mfu);
   for (const auto& a : r.advice) {
-    std::printf("advice: %s\n", a.c_str());
+    std::fprintf(out, "advice: %s\n", a.c_str());
   }
 }
 
@@ -140,22 +143,30 @@ int run_plan(const plan_options& o) {
   if (o.nodes > 0) {
     s.nodes = o.nodes;
   }
-  const plan_result r = plan::size_plan(s);
-  if (o.json) {
-    json j = result_json(s, r);
-    j["machine"] = o.machine.empty() ? json() : json(o.machine);
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    if (!o.machine.empty()) {
-      std::printf("each node as measured in %s\n", o.machine.c_str());
-    }
-    print_memory(s, r);
-    print_step(r);
-  }
+  plan::print_plan(stdout, s, plan::size_plan(s), o.json, o.machine);
   return exit_ok;
 }
 
 }  // namespace
+
+namespace plan {
+
+void print_plan(std::FILE* out, const plan_spec& s, const plan_result& r, bool as_json,
+                const std::string& machine) {
+  if (as_json) {
+    json j = result_json(s, r);
+    j["machine"] = machine.empty() ? json() : json(machine);
+    std::fprintf(out, "%s\n", j.dump(2).c_str());
+  } else {
+    if (!machine.empty()) {
+      std::fprintf(out, "each node as measured in %s\n", machine.c_str());
+    }
+    print_memory(out, s, r);
+    print_step(out, r);
+  }
+}
+
+}  // namespace plan
 
 action add_plan_command(CLI::App& app) {
   auto o = std::make_shared<plan_options>();

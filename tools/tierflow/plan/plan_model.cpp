@@ -229,9 +229,8 @@ std::uint64_t nodes_needed(plan_spec s, predicate ok) {
 
 void advise_memory(const plan_spec& s, plan_result& r) {
   if (!r.hbm_fits) {
-    std::string text = "HBM: " + format_byte_count(static_cast<std::uint64_t>(r.hbm.total())) +
-                       " per GPU of " + format_byte_count(static_cast<std::uint64_t>(s.hbm_bytes)) +
-                       ": ";
+    std::string text = "HBM: " + format_byte_count(byte_count(r.hbm.total())) + " per GPU of " +
+                       format_byte_count(byte_count(s.hbm_bytes)) + ": ";
     if (!s.offload_optimizer) {
       text += "offload the optimizer state (training.offload_optimizer)";
     } else if (!gathers_layers(s)) {
@@ -240,7 +239,7 @@ void advise_memory(const plan_spec& s, plan_result& r) {
       text += "offload the weights (training.offload_params)";
     } else {
       text += "a smaller micro_batch (activations " +
-              format_byte_count(static_cast<std::uint64_t>(r.hbm.activations)) + ")";
+              format_byte_count(byte_count(r.hbm.activations)) + ")";
     }
     if (const auto n = nodes_needed(s, [](const plan_result& p) { return p.hbm_fits; }); n > 0) {
       text += ", or " + std::to_string(n) + " nodes";
@@ -253,7 +252,7 @@ void advise_memory(const plan_spec& s, plan_result& r) {
       capacity += t.capacity_bytes;
     }
     const double missing = r.host.total() * static_cast<double>(s.gpus_per_node) - capacity;
-    std::string text = "host tiers: add " + format_byte_count(static_cast<std::uint64_t>(missing)) +
+    std::string text = "host tiers: add " + format_byte_count(byte_count(missing)) +
                        " of capacity per node (e.g. CXL expanders)";
     if (const auto n = nodes_needed(s, [](const plan_result& p) { return p.host_fits; });
         n > 0 && s.shard != sharding::none) {

@@ -11,6 +11,13 @@
 
 namespace tierflow::cli::plan {
 
+/** @brief @p bytes (>= 0) as a whole count for display, saturating at 2^64 - 1: a spec within
+ *  its caps can size activations beyond 2^64 B (a cast of those was undefined behaviour). */
+[[nodiscard]] inline std::uint64_t byte_count(double bytes) {
+  constexpr double limit = 18446744073709551616.0;  // 2^64
+  return bytes >= limit ? ~std::uint64_t{0} : static_cast<std::uint64_t>(bytes > 0 ? bytes : 0);
+}
+
 /** @brief The state of one rank by kind, in bytes, in HBM and in the node's host tiers. */
 struct rank_bytes {
   double weights = 0, grads = 0, master = 0, adam_m = 0, adam_v = 0, staging = 0, activations = 0;
