@@ -12,6 +12,10 @@ model with nothing offloaded and checks that every loss and weight is bit-identi
 compute is deterministic; on a GPU, cuBLAS may choose other kernels, so it compares within
 1e-5 of the weights' scale), and prints the offloaded step's time over the resident one's.
 Writes report.html (SVG plots), metrics.json and trace.json (Perfetto) to --out.
+--overlap backward starts each param's Adam update as soon as its grad is final in the backward
+pass (OffloadAdamW(overlap="backward")); the summary prints the step() time left after the
+backward pass either way. Default none: at this size the step is a few ms against a second of
+forward + backward here, so overlap gains nothing measurable (BENCHMARKS.md, issue 25).
 """
 import argparse
 import copy
@@ -171,7 +175,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--overlap", choices=("none", "backward"), default="none",
                    help="backward: each param's Adam update starts as soon as its grad is final "
-                   "(OffloadAdamW(overlap=...)); default none, measured faster on this machine")
+                   "(OffloadAdamW(overlap=...)); default none (no measurable gain at this size)")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--out", default="tierflow-torch")
     args = p.parse_args()
