@@ -12,6 +12,10 @@ model with nothing offloaded and checks that every loss and weight is bit-identi
 compute is deterministic; on a GPU, cuBLAS may choose other kernels, so it compares within
 1e-5 of the weights' scale), and prints the offloaded step's time over the resident one's.
 Writes report.html (SVG plots), metrics.json and trace.json (Perfetto) to --out.
+--overlap backward starts each param's Adam update as soon as its grad is final in the backward
+pass (OffloadAdamW(overlap="backward")); the summary prints the step() time left after the
+backward pass either way. Default none: at this size the step is a few ms against a second of
+forward + backward here, so overlap gains nothing measurable (BENCHMARKS.md, issue 25).
 """
 import argparse
 import copy
@@ -153,6 +157,9 @@ def summarize(m, adam, state_tiers, budget, steps, args):
         f"{m['bound_gbps']['h2d']:.1f} GB/s (host to device)",
         f"Adam: {adam['mode']} mode, {adam['kernel']} kernel, {adam['threads']} threads, "
         f"{1e3 * adam['step_seconds_total'] / max(adam['steps'], 1):.1f} ms a step",
+        f"overlap {args.overlap}: step() after the backward pass (exposed) "
+        f"{1e3 * statistics.median(r['optimizer_s'] for r in steps[1:] or steps):.1f} ms "
+        f"(median), {adam['speculative_steps']} speculative steps, {adam['rollbacks']} rollbacks",
     ]
 
 
@@ -166,6 +173,9 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--overlap", choices=("none", "backward"), default="none",
+                   help="backward: each param's Adam update starts as soon as its grad is final "
+                   "(OffloadAdamW(overlap=...)); default none (no measurable gain at this size)")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--out", default="tierflow-torch")
     args = p.parse_args()
@@ -198,7 +208,8 @@ def main():
     block = sum(q.numel() * q.element_size() for q in model.layers[0].parameters())
     budget = (args.window + 1) * (block + 64 * 1024)  # slots are aligned: some slack
     handle = offload_parameters(model, window=args.window, hbm_budget=budget, trace=True)
-    opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0)
+    opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0,
+                       overlap=args.overlap)
     weights = sum(q.numel() * q.element_size() for q in model.parameters())
     print(f"tierflow torch: a {args.layers}-block decoder, width {args.width}, on {device}, "
           f"learning {len(train_text) / 1e3:.0f} kB of Debian's licence texts ({files} files; "

@@ -64,6 +64,51 @@ TEST_CASE("demo trains with offload, writes its files and verifies bit for bit",
              Catch::Contains("tierflow_scheduler_"));
 }
 
+TEST_CASE("demo --overlap backward: the step starts in the backward pass, still bit for bit",
+          "[cli][demo][overlap]") {
+  tierflow::test::scratch_dir dir;
+  auto gen = tierflow::test::rng(901);
+  const std::string seed = std::to_string(gen() % 1000000);
+  const auto demo = [&](const std::string& overlap) {
+    return run_cli(
+        {"demo",      "--layers", "3",         "--width",  "64",     "--batch", "16",
+         "--samples", "64",       "--steps",   "40",       "--lr",   "3e-3",    "--window",
+         "1",         "--seed",   seed,        "--verify", "--json", "--out",   dir.path().string(),
+         "--device",  "emulated", "--overlap", overlap},
+        "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
+  };
+  const auto r = demo("backward");
+  INFO("stderr: " << r.err << "\nstdout: " << r.out);
+  REQUIRE(r.exit_code == 0);
+  const auto j = json::parse(r.out);
+  CHECK(j["verify"]["bit_identical"] == true);
+  CHECK(j["overlap"] == "backward");
+  // Even steps announce their grads (20 of 40), odd steps are the plain baseline; no clip here.
+  CHECK(j["speculative_steps"] == 20);
+  CHECK(j["rollbacks"] == 0);
+  const double exposed = j["exposed_seconds"].get<double>();
+  const double plain = j["plain_step_seconds"].get<double>();
+  CHECK(exposed > 0);
+  CHECK(plain > 0);
+  // A ratio of two noisy means on a shared machine: in range and consistent, not a speed claim.
+  CHECK(j["exposed_fraction"].get<double>() > 0);
+  CHECK(j["exposed_fraction"].get<double>() < 20);
+  CHECK(j["exposed_fraction"].get<double>() == Approx(exposed / plain).epsilon(1e-9));
+  CHECK(j["iteration_seconds"].get<double>() > exposed);
+  CHECK(j["forward_backward_seconds"].get<double>() > 0);
+
+  const auto none = demo("none");
+  INFO("stderr: " << none.err << "\nstdout: " << none.out);
+  REQUIRE(none.exit_code == 0);
+  const auto k = json::parse(none.out);
+  CHECK(k["verify"]["bit_identical"] == true);
+  CHECK(k["overlap"] == "none");
+  CHECK(k["speculative_steps"] == 0);
+  CHECK(k["exposed_fraction"].get<double>() == 1.0);
+  // The same data, initial weights and steps: the same final loss, bit for bit.
+  CHECK(k["loss_last"].get<double>() == j["loss_last"].get<double>());
+}
+
 TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(run_cli({"demo", "--adam-mode", "gpu", "--steps", "1", "--layers", "1",
                                 "--width", "8", "--batch", "4", "--samples", "4"}),
@@ -90,6 +135,7 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(demo({"--adam-chunk", "0"}), "--adam-chunk");
   check_one_line_error(demo({"--emu-link", "h2d=fast"}), "--emu-link");
   check_one_line_error(demo({"--layers", "0"}), "--layers");
+  check_one_line_error(demo({"--overlap", "x"}), "--overlap");
 }
 
 TEST_CASE("demo --device cuda without a usable GPU is one line and exit code 2", "[cli][demo]") {

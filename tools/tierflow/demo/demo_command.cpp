@@ -45,6 +45,7 @@ void check_demo_options(const demo_options& o) {
     throw input_error("--samples", "must be at least --batch", std::to_string(o.samples));
   }
   (void)checked_adam_mode(o.adam_mode);
+  (void)checked_adam_overlap(o.overlap);
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
     throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
   }
@@ -166,6 +167,7 @@ json verify_against_resident(const demo_options& o, device& dev, const topology&
 json demo_json(const demo_options& o, const device& dev, const run_result& run,
                const link_fits& probed, const json& verify, const std::filesystem::path& dir) {
   const auto& s = run.sched;
+  const overlap_summary ov = summarize_overlap(o, run);
   json tiers = json::object();
   for (const auto& [cls, per_tier] : run.placement.class_bytes) {
     for (const auto& [tier, bytes] : per_tier) {
@@ -196,6 +198,15 @@ json demo_json(const demo_options& o, const device& dev, const run_result& run,
            {"tiers", tiers},
            {"state_pages", run.state_pages},
            {"seconds", run.seconds},
+           {"overlap", ov.overlap},
+           {"exposed_seconds", ov.exposed_seconds},
+           {"exposed_fraction", ov.exposed_fraction},
+           {"plain_step_seconds", ov.plain_step_seconds},
+           {"forward_backward_seconds", ov.forward_backward_seconds},
+           {"iteration_seconds", ov.iteration_seconds},
+           {"plain_iteration_seconds", ov.plain_iteration_seconds},
+           {"speculative_steps", run.adam->speculative_steps},
+           {"rollbacks", run.adam->rollbacks},
            {"files",
             {{"metrics", (dir / "metrics.json").string()},
              {"trace", (dir / "trace.json").string()},
@@ -204,6 +215,22 @@ json demo_json(const demo_options& o, const device& dev, const run_result& run,
     doc["verify"] = verify;
   }
   return doc;
+}
+
+// One line: the step() left after the backward pass against the plain step's, and the
+// speculation's counts.
+void print_overlap_line(const demo_options& o, const run_result& run) {
+  const overlap_summary ov = summarize_overlap(o, run);
+  std::printf(
+      "overlap %s: step() after the backward pass %.2f ms = %.2f of the plain step's %.2f ms "
+      "(%s); iteration %.2f ms vs forward + backward %.2f ms; %llu speculative steps, %llu "
+      "rollbacks\n",
+      ov.overlap.c_str(), 1e3 * ov.exposed_seconds, ov.exposed_fraction,
+      1e3 * ov.plain_step_seconds,
+      o.overlap == "none" ? "every step plain" : "odd steps plain, interleaved",
+      1e3 * ov.iteration_seconds, 1e3 * ov.forward_backward_seconds,
+      static_cast<unsigned long long>(run.adam->speculative_steps),
+      static_cast<unsigned long long>(run.adam->rollbacks));
 }
 
 // The summary as text: the loss, where the bytes lived, prefetch, link, Adam, verify, files.
@@ -244,6 +271,7 @@ void print_demo_summary(const demo_options& o, const device& dev, const run_resu
               std::string(to_string(run.adam->mode)).c_str(), run.adam->mode_reason.c_str(),
               std::string(to_string(run.adam->kernel)).c_str(),
               1e3 * run.adam->step_seconds_total / static_cast<double>(run.steps));
+  print_overlap_line(o, run);
   if (o.verify) {
     std::printf(
         "verify: against the same run with everything resident in HBM and no "
@@ -315,6 +343,10 @@ action add_demo_command(CLI::App& app) {
       ->check(number_in(0, demo::max_budget_mib))
       ->capture_default_str();
   cmd->add_option("--adam-mode", o->adam_mode, "cpu, streamed or auto")->capture_default_str();
+  cmd->add_option("--overlap", o->overlap,
+                  "none, or backward: each layer's Adam update starts (speculatively) as soon "
+                  "as its grad is final in the backward pass")
+      ->capture_default_str();
   cmd->add_option("--placement", o->placement,
                   "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)");
   cmd->add_option("--emu-link", o->emu_link,

@@ -26,4 +26,12 @@ adam_mode checked_adam_mode(const std::string& text) {
   return *mode;
 }
 
+adam_overlap checked_adam_overlap(const std::string& text) {
+  const auto overlap = parse_adam_overlap(text);
+  if (!overlap) {
+    throw input_error("--overlap", "expected none or backward", text);
+  }
+  return *overlap;
+}
+
 }  // namespace tierflow::cli::demo

@@ -28,6 +28,7 @@ struct demo_options {
   std::uint64_t window = 2;
   double hbm_budget_mib = 0;  // 0: room for window + 2 layers
   std::string adam_mode = "auto";
+  std::string overlap = "none";  // none | backward (grad_ready() per layer, see demo.md)
   std::string placement;
   std::string emu_link;
   std::string device = "auto";
@@ -46,5 +47,8 @@ void add_model_shape_options(CLI::App& cmd, demo_options& o);
 
 /** @brief The mode of --adam-mode. @throws input_error unless cpu, streamed or auto */
 adam_mode checked_adam_mode(const std::string& text);
+
+/** @brief The overlap of --overlap. @throws input_error unless none or backward */
+adam_overlap checked_adam_overlap(const std::string& text);
 
 }  // namespace tierflow::cli::demo

@@ -8,6 +8,7 @@
 #include "demo/demo_train.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -110,6 +111,7 @@ std::unique_ptr<offload_adam> make_offload_adam(const demo_options& o, device& d
   adam_options ao;
   ao.mode = checked_adam_mode(o.adam_mode);
   ao.chunk_elements = std::min<std::size_t>(n, o.adam_chunk);
+  ao.overlap = checked_adam_overlap(o.overlap);
   return std::make_unique<offload_adam>(dev, std::vector<adam_group>{group}, ao, placement);
 }
 
@@ -137,7 +139,7 @@ class trainer {
  private:
   void upload_batch(std::size_t step);
   void forward_pass();
-  void backward_pass();
+  void backward_pass(bool announce);
   void optimizer_step();
   void log_progress(std::size_t step, clock_type::time_point& batch_start);
   void collect(run_result& result);
@@ -215,7 +217,9 @@ void trainer::forward_pass() {
   }
 }
 
-void trainer::backward_pass() {
+// @p announce: each layer's grad is final once its backward is enqueued, and grad_ready()
+// starts its (speculative) update while the layers below run theirs.
+void trainer::backward_pass(bool announce) {
   for (std::size_t k = 0; k < o_.layers; ++k) {
     const std::size_t l = o_.layers - 1 - k;
     const staged_step& st = sched_.acquire(o_.layers + k);
@@ -224,6 +228,9 @@ void trainer::backward_pass() {
     float* dh_next = k % 2 == 0 ? layers_.dh_b : layers_.dh_a;
     math_->backward(st.compute(), dz, l + 1 != o_.layers ? layers_.acts[l + 1] : nullptr,
                     layers_.acts[l], wl, layers_.grads[l], l == 0 ? nullptr : dh_next);
+    if (announce) {
+      adam_->grad_ready(0, l);
+    }
     sched_.release(o_.layers + k, false);
   }
 }
@@ -264,16 +271,25 @@ run_result trainer::run(bool quiet) {
   const auto start = clock_type::now();
   auto batch_start = clock_type::now();
   stream& compute = dev_.compute_stream();
+  const auto since = [](clock_type::time_point t) {
+    return std::chrono::duration<double>(clock_type::now() - t).count();
+  };
+  const bool overlap = adam_ && checked_adam_overlap(o_.overlap) == adam_overlap::backward;
   for (std::size_t step = 0; step < o_.steps; ++step) {
     const auto step_start = clock_type::now();
+    const bool announce = overlap && step % 2 == 0;  // odd steps plain: the same run's baseline
     upload_batch(step);
     forward_pass();
-    backward_pass();
+    backward_pass(announce);
+    compute.synchronize();  // the backward pass is over: what follows is the exposed step
+    result.forward_backward_seconds.push_back(since(step_start));
+    const auto adam_start = clock_type::now();
     optimizer_step();
     compute.synchronize();
+    result.exposed_seconds.push_back(since(adam_start));
+    result.announced.push_back(announce ? 1 : 0);
     result.losses.push_back(loss_slot_[0]);
-    result.step_seconds.push_back(
-        std::chrono::duration<double>(clock_type::now() - step_start).count());
+    result.step_seconds.push_back(since(step_start));
     ++result.steps;
     if (!quiet && o_.log_every > 0 && (step + 1) % o_.log_every == 0) {
       log_progress(step, batch_start);
@@ -313,6 +329,39 @@ void trainer::collect(run_result& result) {
 }
 
 }  // namespace
+
+overlap_summary summarize_overlap(const demo_options& o, const run_result& run) {
+  overlap_summary s;
+  s.overlap = o.overlap;
+  const std::size_t first = run.step_seconds.size() >= 4 ? 2 : 0;  // the warm-up left out
+  double fb = 0, exposed = 0, plain = 0, iteration = 0, plain_iteration = 0;
+  for (std::size_t i = first; i < run.step_seconds.size(); ++i) {
+    fb += run.forward_backward_seconds[i];
+    // With overlap none every step is plain and counts as both: exposed == plain.
+    const bool overlapped = run.announced[i] != 0 || o.overlap == "none";
+    const bool is_plain = run.announced[i] == 0;
+    if (overlapped) {
+      exposed += run.exposed_seconds[i];
+      iteration += run.step_seconds[i];
+      ++s.overlapped_steps;
+    }
+    if (is_plain) {
+      plain += run.exposed_seconds[i];
+      plain_iteration += run.step_seconds[i];
+      ++s.plain_steps;
+    }
+  }
+  const auto mean = [](double sum, std::size_t n) {
+    return n > 0 ? sum / static_cast<double>(n) : std::nan("");
+  };
+  s.forward_backward_seconds = mean(fb, run.step_seconds.size() - first);
+  s.exposed_seconds = mean(exposed, s.overlapped_steps);
+  s.iteration_seconds = mean(iteration, s.overlapped_steps);
+  s.plain_step_seconds = mean(plain, s.plain_steps);
+  s.plain_iteration_seconds = mean(plain_iteration, s.plain_steps);
+  s.exposed_fraction = s.exposed_seconds / s.plain_step_seconds;
+  return s;
+}
 
 // `auto`: the first CUDA device when one is usable, else the emulated one (@p note says why);
 // `cuda` / `cuda:N`: that device or a bad-input error saying why not; `emulated`.
