@@ -67,13 +67,17 @@ enum class adam_mode {
 
 /** @brief What the optimizer's step may overlap with (see offload_adam::grad_ready()). */
 enum class adam_overlap {
-  none,     ///< the step starts in step(), after the backward pass
-  backward  ///< grad_ready() starts a param's update (speculatively) during the backward pass
+  none,      ///< the step starts in step(), after the backward pass
+  backward,  ///< grad_ready() starts a param's update (speculatively) during the backward pass
+  /** as backward, and a param in host memory takes its new values as soon as its speculative
+   *  update is done, before step(): the caller must neither read nor write such a param from
+   *  its grad_ready() until step() returns (step() restores it when it rolls the update back) */
+  backward_publish
 };
 
-/** @brief `none`, `backward`. */
+/** @brief `none`, `backward`, `backward_publish`. */
 [[nodiscard]] std::string_view to_string(adam_overlap overlap) noexcept;
-/** @brief The overlap named @p text (`none`, `backward`), or nullopt. */
+/** @brief The overlap named @p text (`none`, `backward`, `backward_publish`), or nullopt. */
 [[nodiscard]] std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept;
 
 /** @brief How weight decay is applied. */
@@ -161,7 +165,9 @@ struct adam_options {
    * goes on, at the price of a pre-update copy of the state (adam_metrics::rollback_bytes,
    * 12 B per element, in the placement's optimizer_state tiers). In streamed mode grad_ready()
    * is accepted and does nothing (the step streams the state in step()). Default `none`: the
-   * copy doubles the state's memory, and only a caller that calls grad_ready() gains. */
+   * copy doubles the state's memory, and only a caller that calls grad_ready() gains.
+   * `backward_publish` also writes each param in host memory as soon as its update is done,
+   * so that step() has only the last updates and the device params left to send. */
   adam_overlap overlap = adam_overlap::none;
 };
 

@@ -85,6 +85,10 @@ struct scheduler_options {
    * the device's own figure, else the bandwidth the scheduler's transfers achieved. */
   double h2d_gbps = 0.0;
   double d2h_gbps = 0.0;
+  /** Stage the next iteration's first steps while the current one ends (true), or only once
+   *  its first step is acquired (false): for a caller that changes the tier copies between
+   *  iterations (an optimizer step), whose flush() would drop what was staged ahead unused. */
+  bool prefetch_across_iterations = true;
 };
 
 /** @brief Totals of one plan step over every time it ran. */
@@ -114,8 +118,10 @@ struct scheduler_metrics {
   double lower_bound_s = 0;
   double overlap_efficiency = 0;  ///< median of each iteration's bound / time (0: not measured)
   double stall_fraction = 0;      ///< median over iterations of stall time / iteration time
-  std::uint64_t bytes_in = 0;     ///< total fetched into staging
+  std::uint64_t bytes_in = 0;     ///< total fetched into staging for the runs acquired
   std::uint64_t bytes_out = 0;    ///< total written back
+  /** fetched ahead for runs never acquired (dropped by flush() or a failure's recovery) */
+  std::uint64_t bytes_discarded = 0;
   std::uint64_t hbm_staging_peak_bytes = 0;
   std::uint64_t hbm_resident_bytes = 0;
   std::uint64_t hbm_budget_bytes = 0;

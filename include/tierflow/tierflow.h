@@ -111,7 +111,10 @@ typedef struct tf_adam_options {
    * "optimizer_state=cxl,dram;master_params=dram"); NULL: TIERFLOW_PLACEMENT, else the defaults. */
   const char* placement;
   /* 0: none; 1: backward, tf_adam_grad_ready starts each param's update during the backward
-   * pass (cpu mode; it costs a pre-update copy of the state, 12 B per element). */
+   * pass (cpu mode; it costs a pre-update copy of the state, 12 B per element); 2:
+   * backward_publish, as 1, and a param in host memory takes its new values as soon as its
+   * update is done (the caller must not read or write it from tf_adam_grad_ready until the
+   * step returns). */
   int overlap;
 } tf_adam_options;
 
@@ -197,7 +200,7 @@ tf_status tf_adam_param_elements(const tf_adam* adam, size_t index, size_t* out)
 tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count, void* stream,
                           int* applied, double* grad_norm);
 
-/* With options.overlap = 1: param `index`'s grad is final for the next step (a framework's
+/* With options.overlap = 1 or 2: param `index`'s grad is final for the next step (a framework's
  * post-accumulate-grad hook calls it during the backward pass). grad: its device pointer (NULL:
  * the one it has). stream: the caller's stream, as in tf_adam_step_on: the grad's copy waits for
  * the work enqueued on it so far. Returns at once; the grad's copy, its share of the norm and its

@@ -1,6 +1,7 @@
 // The C ABI: each call catches everything, maps it to a tf_status and keeps the message in a
 // thread-local string.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -280,12 +281,14 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
       o.max_grad_norm = options->max_grad_norm;
       o.loss_scale = options->loss_scale;
       o.device_timeout_s = options->device_timeout_s;
-      if (options->overlap != 0 && options->overlap != 1) {
-        throw tierflow::error("options->overlap must be 0 (none) or 1 (backward), not " +
-                              std::to_string(options->overlap));
+      if (options->overlap < 0 || options->overlap > 2) {
+        throw tierflow::error(
+            "options->overlap must be 0 (none), 1 (backward) or 2 (backward_publish), not " +
+            std::to_string(options->overlap));
       }
-      o.overlap =
-          options->overlap == 1 ? tierflow::adam_overlap::backward : tierflow::adam_overlap::none;
+      constexpr std::array overlaps{tierflow::adam_overlap::none, tierflow::adam_overlap::backward,
+                                    tierflow::adam_overlap::backward_publish};
+      o.overlap = overlaps[static_cast<std::size_t>(options->overlap)];
     }
     a->dev = device->dev;
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);

@@ -178,6 +178,17 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
     core_.partial[index] =
         grad_sum_squares(core_.kernel, core_.host_grads(c), p.desc.dtype, c.count);
   };
+  const bool all_summed =
+      speculation_ != nullptr &&
+      std::all_of(core_.chunks.begin(), core_.chunks.end(), [this](const chunk_ref& c) {
+        return !core_.active(c) || speculation_->summed(c.index);
+      });
+  if (all_summed) {
+    for (const auto& c : core_.chunks) {
+      core_.partial[c.index] = core_.active(c) ? core_.partial[c.index] : 0;
+    }
+    return;  // every grad announced: the speculation summed them all, no pass to wake up for
+  }
   for (auto& [node, pool] : pools_) {
     const auto* mine = &chunks_by_node_[node];
     pool->start(mine->size(),
@@ -198,7 +209,9 @@ void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalar
     if (speculation_ == nullptr || !speculation_->updated(index)) {
       core_.update_on_host(c, scalars[c.slot]);
     }
-    upload_chunk(h2d, c, slot_hint);
+    if (speculation_ == nullptr || !speculation_->published(index)) {
+      upload_chunk(h2d, c, slot_hint);
+    }
   };
   std::vector<std::size_t> turns(threads_, 0);  // each worker's own count
   std::size_t pool_base = 0;

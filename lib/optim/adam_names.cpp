@@ -52,11 +52,20 @@ std::string_view to_string(adam_step_error::outcome outcome) noexcept {
 }
 
 std::string_view to_string(adam_overlap overlap) noexcept {
-  return overlap == adam_overlap::backward ? "backward" : "none";
+  switch (overlap) {
+    case adam_overlap::none:
+      return "none";
+    case adam_overlap::backward:
+      return "backward";
+    case adam_overlap::backward_publish:
+      return "backward_publish";
+  }
+  return "unknown";
 }
 
 std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept {
-  for (adam_overlap overlap : {adam_overlap::none, adam_overlap::backward}) {
+  for (adam_overlap overlap :
+       {adam_overlap::none, adam_overlap::backward, adam_overlap::backward_publish}) {
     if (text == to_string(overlap)) {
       return overlap;
     }

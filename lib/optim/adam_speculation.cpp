@@ -36,6 +36,7 @@ void adam_speculation::allocate() {
   deadline_.resize(core_.chunks.size());
   announced_.assign(core_.chunks.size(), 0);
   updated_.assign(core_.chunks.size(), 0);
+  published_.assign(core_.chunks.size(), 0);
 }
 
 bool adam_speculation::announced(std::size_t group, std::size_t param) const {
@@ -107,6 +108,16 @@ void adam_speculation::speculate(std::size_t index) {
   std::memcpy(backup + 2 * n + c.offset, p.moments_v() + c.offset, bytes);
   core_.update_on_host(c, scalars_[c.slot]);
   updated_[index] = 1;
+  if (core_.options.overlap == adam_overlap::backward_publish && p.desc.param_on_host) {
+    publish(c, p);
+    published_[index] = 1;
+  }
+}
+
+// The chunk's master weights into its params (a param in host memory).
+void adam_speculation::publish(const chunk_ref& c, const param_state& p) {
+  void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
+  store_params(core_.kernel, p.master_p() + c.offset, dst, p.desc.dtype, c.count);
 }
 
 void adam_speculation::restore(std::size_t index) noexcept {
@@ -118,6 +129,10 @@ void adam_speculation::restore(std::size_t index) noexcept {
   std::memcpy(p.master_p() + c.offset, backup + c.offset, bytes);
   std::memcpy(p.moments_m() + c.offset, backup + n + c.offset, bytes);
   std::memcpy(p.moments_v() + c.offset, backup + 2 * n + c.offset, bytes);
+  if (published_[index] != 0) {
+    publish(c, p);  // the params as they were: derived from the restored master weights
+    published_[index] = 0;
+  }
   updated_[index] = 0;
   ++core_.totals.rolled_back_chunks;
 }
@@ -165,6 +180,7 @@ void adam_speculation::end_step() noexcept {
   }
   std::fill(announced_.begin(), announced_.end(), 0);
   std::fill(updated_.begin(), updated_.end(), 0);
+  std::fill(published_.begin(), published_.end(), 0);
   any_ = false;
 }
 

@@ -6,7 +6,9 @@
 // allocated once in the placement policy's tiers (class optimizer_state). step() then keeps a
 // chunk's update when the step's true scalars are bit for bit those it used, and otherwise
 // restores the chunk from its backup (the plain step redoes it); a skipped or failed step
-// restores every chunk. The state is thus always bit for bit the plain step's.
+// restores every chunk. The state is thus always bit for bit the plain step's. With
+// backward_publish, a chunk of a param in host memory also gets its new params right after its
+// speculative update (published_), and a restore writes the restored master weights back.
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -38,6 +40,8 @@ class adam_speculation {
   [[nodiscard]] bool summed(std::size_t index) const { return any_ && announced_[index] != 0; }
   /** Whether chunk @p index holds a kept speculative update (after settle()). */
   [[nodiscard]] bool updated(std::size_t index) const { return any_ && updated_[index] != 0; }
+  /** Whether chunk @p index's kept update is already in its params (backward_publish). */
+  [[nodiscard]] bool published(std::size_t index) const { return any_ && published_[index] != 0; }
   [[nodiscard]] bool any() const noexcept { return any_; }
 
   /** Waits for the speculative work. On a failure it restores every chunk, ends the
@@ -59,6 +63,7 @@ class adam_speculation {
  private:
   void speculate(std::size_t index);
   void restore(std::size_t index) noexcept;
+  void publish(const chunk_ref& c, const param_state& p);
 
   adam_core& core_;
   std::map<int, std::unique_ptr<worker_pool>>& pools_;
@@ -72,6 +77,7 @@ class adam_speculation {
   std::vector<step_deadline> deadline_;              // per chunk
   std::vector<char> announced_;                      // per chunk (caller's threads)
   std::vector<char> updated_;                        // per chunk (workers, then step())
+  std::vector<char> published_;                      // per chunk (workers, then step())
   bool any_ = false;
   bool update_ = true;  // speculate updates this step (no clip in the last one)
 };

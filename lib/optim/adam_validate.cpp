@@ -60,7 +60,8 @@ void check_options(adam_options& options, const std::vector<adam_group>& in) {
   if (options.chunk_elements == 0) {
     throw error("offload_adam: chunk_elements must be > 0");
   }
-  if (options.overlap != adam_overlap::none && options.overlap != adam_overlap::backward) {
+  if (options.overlap != adam_overlap::none && options.overlap != adam_overlap::backward &&
+      options.overlap != adam_overlap::backward_publish) {
     throw error("offload_adam: unknown overlap");
   }
   // Grads are scaled by clip / loss_scale as a float: both it and its inverse must be finite.

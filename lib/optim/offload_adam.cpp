@@ -264,7 +264,7 @@ offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_opt
   if (core.mode == adam_mode::cpu) {
     s.cpu = std::make_unique<detail::adam_cpu_step>(core);
     s.cpu->start();
-    if (core.options.overlap == adam_overlap::backward) {
+    if (core.options.overlap != adam_overlap::none) {
       s.speculation = std::make_unique<detail::adam_speculation>(core, s.cpu->pools());
       s.speculation->allocate();
       s.cpu->set_speculation(s.speculation.get());

@@ -73,6 +73,7 @@ struct prefetch_scheduler::impl final : detail::staging_device {
   std::vector<buffer_state> buffers;
   std::vector<std::vector<buffer_id>> uses;  // of each step: every buffer, sorted, unique
   std::uint64_t resident_bytes = 0;
+  std::uint64_t bytes_discarded = 0;  // staged ahead, dropped unused (flush, recovery)
   detail::staging_policy policy{*this, options.unit};
 
   void* hbm = nullptr;  // one allocation of the budget: resident copies, then staging
@@ -116,6 +117,7 @@ prefetch_scheduler::impl::impl(device& d, schedule_plan p, scheduler_options o)
     : dev(d), plan(std::move(p)), options(o) {
   validate();
   policy.set_window(options.adaptive ? 1 : options.window);
+  policy.set_wrap(options.prefetch_across_iterations);
   accounting.start(dev, pool.get(), plan, options);
   allocate_and_upload();
 }
@@ -463,7 +465,7 @@ void prefetch_scheduler::impl::drop_staged() {
   releases.clear();
   writebacks.clear();
   h2d_waited = {releases.last(), writebacks.last()};
-  policy.drop_staged();
+  bytes_discarded += policy.drop_staged();
 }
 
 void prefetch_scheduler::impl::flush_locked() {
@@ -579,6 +581,7 @@ scheduler_metrics prefetch_scheduler::metrics() {
   auto m = s.accounting.snapshot();
   m.hbm_staging_peak_bytes = s.policy.staging_used().read().peak;
   m.hbm_resident_bytes = s.resident_bytes;
+  m.bytes_discarded = s.bytes_discarded;
   m.hbm_budget_bytes = s.options.hbm_budget_bytes;
   m.window = s.policy.window();
   return m;

@@ -278,6 +278,7 @@ std::string scheduler_metrics::to_json() const {
   w.key("stall_fraction").value(stall_fraction);
   w.key("bytes_in").value(bytes_in);
   w.key("bytes_out").value(bytes_out);
+  w.key("bytes_discarded").value(bytes_discarded);
   w.key("hbm_staging_peak_bytes").value(hbm_staging_peak_bytes);
   w.key("window").value(window);
   w.key("window_unit").value(to_string(unit));
@@ -341,6 +342,8 @@ void scheduler_metrics::to_prometheus(metrics::prometheus_writer& out) const {
             stall_fraction);
   out.counter("scheduler_bytes_in_total", "Bytes fetched into HBM staging", d(bytes_in));
   out.counter("scheduler_bytes_out_total", "Bytes written back to their tiers", d(bytes_out));
+  out.counter("scheduler_bytes_discarded_total", "Bytes fetched ahead and dropped unused",
+              d(bytes_discarded));
   out.gauge("scheduler_hbm_staging_peak_bytes", "Most HBM staging held at once",
             d(hbm_staging_peak_bytes));
   out.gauge("scheduler_hbm_resident_bytes", "HBM held by resident buffers", d(hbm_resident_bytes));

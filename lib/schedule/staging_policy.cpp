@@ -33,6 +33,7 @@ bool staging_policy::try_stage(std::uint64_t seq) {
     auto& b = buffers_[fetched[i]];
     b.staged = true;
     b.offset = offsets[i];
+    b.fetched_by = seq;
     b.dirty = false;
     after.merge({0, b.last_writeback});
     used_.add(b.aligned);
@@ -55,6 +56,9 @@ void staging_policy::pump() {
   }
   while (ahead() < n) {
     const auto next = staged_.empty() ? position_ : staged_.back() + 1;
+    if (!wrap_ && next >= iteration_end_) {
+      return;  // the next iteration is staged from its first acquire on
+    }
     const auto next_bytes = steps_[next % n].staged_bytes;
     if (unit_ == window_unit::steps ? ahead() >= window_ : bytes_ahead + next_bytes > window_) {
       return;
@@ -73,6 +77,7 @@ bool staging_policy::acquire(std::size_t step) {
     position_ = position_ / n * n + step;
     has_position_ = true;
   }
+  iteration_end_ = (position_ / n + 1) * n;
   if (staged_.empty() && !try_stage(position_)) {
     return false;
   }
@@ -122,16 +127,20 @@ std::vector<buffer_id> staging_policy::release(bool dirty) {
   return write_back;
 }
 
-void staging_policy::drop_staged() {
+std::uint64_t staging_policy::drop_staged() {
   staged_.clear();
   arena_.reset();
+  std::uint64_t unused = 0;
   for (auto& b : buffers_) {
     if (b.staged) {
+      // Fetched for a run after the last one acquired (the position, with none acquired).
+      unused += b.fetched_by >= position_ + (acquired_ ? 1 : 0) ? b.bytes : 0;
       unstage(b);
     }
     b.holders = 0;
     b.dirty = false;
   }
+  return unused;
 }
 
 void staging_policy::restart_after_failure() {

@@ -24,8 +24,9 @@ struct staging_buffer {
   bool resident = false;
   // Staging (non-resident buffers): at most one staged copy at a time.
   bool staged = false;
-  std::uint64_t offset = 0;   // in the staging arena
-  std::uint32_t holders = 0;  // staged steps that use the copy
+  std::uint64_t offset = 0;      // in the staging arena
+  std::uint32_t holders = 0;     // staged steps that use the copy
+  std::uint64_t fetched_by = 0;  // seq of the run the copy was fetched for
   bool dirty = false;
   std::uint64_t last_writeback = 0;  // fence seq of its last write-back to the tier
 };
@@ -62,8 +63,8 @@ class staging_device {
 };
 
 /** Stages runs of the plan's steps (seq = iteration * steps + step) ahead of the one acquired,
- *  in plan order, wrapping across iterations. Not thread-safe, but for window() and
- *  staging_used(). */
+ *  in plan order, wrapping across iterations (unless set_wrap(false)). Not thread-safe, but for
+ * window() and staging_used(). */
 class staging_policy {
  public:
   staging_policy(staging_device& device, window_unit unit);
@@ -83,6 +84,8 @@ class staging_policy {
   // --- the window: W steps ahead, or steps ahead holding at most W bytes ---
   void set_window(std::uint64_t w) noexcept { window_ = w; }
   [[nodiscard]] std::uint64_t window() const noexcept { return window_; }
+  /** false: nothing of the next iteration is staged before its first acquire. */
+  void set_wrap(bool wrap) noexcept { wrap_ = wrap; }
 
   // --- where the run stands ---
   [[nodiscard]] bool has_position() const noexcept { return has_position_; }
@@ -106,8 +109,9 @@ class staging_policy {
   void pump();
   /** A staged copy written back by the caller (flush). */
   void mark_clean(buffer_id id) { buffers_[id].dirty = false; }
-  /** With the device idle: forgets everything staged (the caller drops its staged runs). */
-  void drop_staged();
+  /** With the device idle: forgets everything staged (the caller drops its staged runs).
+   *  Returns the bytes of the copies staged ahead that no acquire used. */
+  std::uint64_t drop_staged();
   /** After a failure: nothing acquired, and the next acquire starts the iteration after the
    *  position's, from whatever step it names. */
   void restart_after_failure();
@@ -129,6 +133,8 @@ class staging_policy {
   bool acquired_ = false;
   bool has_position_ = false;
   std::uint64_t position_ = 0;
+  std::uint64_t iteration_end_ = 0;  // seq after the last acquired run's iteration
+  bool wrap_ = true;
   std::atomic<std::uint64_t> window_{0};
   std::uint64_t budget_misses_ = 0;
 };

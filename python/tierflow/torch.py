@@ -32,6 +32,10 @@ _DTYPES = {
     torch.float16: _capi.DTYPE_F16,
 }
 # Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
+# overlap= values, in the order of tf_adam_options.overlap (0, 1, 2). "backward_publish" also
+# writes each param's new values as soon as its update is done, before step(): read no param
+# between backward() and step().
+_OVERLAPS = ("none", "backward", "backward_publish")
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 _devices: dict = {}
@@ -147,8 +151,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     # --- construction -------------------------------------------------------------------
     @staticmethod
     def _make_options(max_grad_norm, mode, placement, chunk_elements, threads, overlap="none"):
-        if overlap not in ("none", "backward"):
-            raise ValueError(f"overlap must be 'none' or 'backward', not {overlap!r}")
+        if overlap not in _OVERLAPS:
+            raise ValueError("overlap must be 'none', 'backward' or 'backward_publish', not "
+                             f"{overlap!r}")
         if mode not in _capi.ADAM_MODES:
             raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
         if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
@@ -181,7 +186,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         super().__setstate__(state)
         if "_options" in state:
             self._init_runtime()
-            if self._options.get("overlap") == "backward":
+            if self._options.get("overlap", "none") != "none":
                 for _, _, p in self._flat():
                     self._hook(p)
 
@@ -221,7 +226,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             seen[id(p)] = (gi, base + j)
             device = device or p.device
         super().add_param_group(group)
-        if self._options.get("overlap") == "backward":
+        if self._options.get("overlap", "none") != "none":
             for p in params:
                 self._hook(p)
 
@@ -339,7 +344,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             options.mode = _capi.ADAM_CPU
         options.chunk_elements = o["chunk_elements"] or 0
         options.threads = o["threads"] or 0
-        options.overlap = 1 if o.get("overlap") == "backward" else 0
+        options.overlap = _OVERLAPS.index(o.get("overlap", "none"))
         options.max_grad_norm = o["max_grad_norm"] or 0.0
         placement = o["placement"].encode() if o["placement"] is not None else None
         options.placement = placement

@@ -4,6 +4,7 @@ every weight is bit-identical to overlap="none" - with clipping that fires on so
 non-finite grad, params without grads and gradient accumulation."""
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -37,7 +38,8 @@ def check_same(a, b):
         assert torch.equal(p, q)
 
 
-def test_overlap_backward_is_bit_identical_to_the_plain_step(seed):
+@pytest.mark.parametrize("overlap", ["backward", "backward_publish"])
+def test_overlap_backward_is_bit_identical_to_the_plain_step(seed, overlap):
     plain = model()
     plain[2].bias.requires_grad_(False)  # a param that never gets a grad
     overlapped = copy.deepcopy(plain)
@@ -45,7 +47,7 @@ def test_overlap_backward_is_bit_identical_to_the_plain_step(seed):
     # clipping at a norm some steps exceed and others not (the targets' scale alternates)
     kw = dict(lr=1e-2, weight_decay=0.01, max_grad_norm=2.0, mode="cpu")
     ref = OffloadAdamW(plain.parameters(), **kw)
-    opt = OffloadAdamW(overlapped.parameters(), overlap="backward", **kw)
+    opt = OffloadAdamW(overlapped.parameters(), overlap=overlap, **kw)
     ref_norms = run(plain, ref, batches)
     norms = run(overlapped, opt, batches)
     assert norms == ref_norms
@@ -74,6 +76,5 @@ def test_gradient_accumulation_announces_only_the_last_pass(seed):
 
 
 def test_overlap_is_checked(seed):
-    import pytest
-    with pytest.raises(ValueError, match="overlap must be 'none' or 'backward'"):
+    with pytest.raises(ValueError, match="overlap must be 'none', 'backward' or 'backward_publish'"):
         OffloadAdamW(model().parameters(), overlap="forward")

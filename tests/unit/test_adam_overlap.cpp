@@ -44,11 +44,19 @@ const char* name_of(scenario s) {
   return "?";
 }
 
-// A plan with an f32 and a bf16 param at least, several chunks each.
-adam_plan overlap_plan(std::mt19937_64& gen, adam_mode mode) {
+// A plan with an f32 and a bf16 param at least, several chunks each. @p host_params (cpu
+// mode): those two live in host memory, and the others at random.
+adam_plan overlap_plan(std::mt19937_64& gen, adam_mode mode, bool host_params) {
   auto plan = test::device_params_plan(gen, mode, 3000);
-  plan.groups[0].insert(plan.groups[0].begin(), {param_dtype::bf16, uniform(gen, 500, 3000)});
-  plan.groups[0].insert(plan.groups[0].begin(), {param_dtype::f32, uniform(gen, 500, 3000)});
+  for (auto& g : plan.groups) {
+    for (auto& p : g) {
+      p.on_host = host_params && uniform(gen, 0, 1) == 1;
+    }
+  }
+  plan.groups[0].insert(plan.groups[0].begin(),
+                        {param_dtype::bf16, uniform(gen, 500, 3000), host_params});
+  plan.groups[0].insert(plan.groups[0].begin(),
+                        {param_dtype::f32, uniform(gen, 500, 3000), host_params});
   plan.options.chunk_elements = uniform(gen, 64, 1024);
   plan.options.max_grad_norm = 0;
   return plan;
@@ -98,19 +106,24 @@ TEST_CASE("overlap backward: grad_ready() then step() is bit for bit the plain s
   const topology topo = topology::discover();
   auto policy = test::rig_placement(topo);
   const int steps = 8;
-  for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed}) {
+  // backward_publish writes the params in host memory during the speculation (cpu mode).
+  const std::vector<std::pair<adam_mode, adam_overlap>> kinds{
+      {adam_mode::cpu, adam_overlap::backward},
+      {adam_mode::cpu, adam_overlap::backward_publish},
+      {adam_mode::streamed, adam_overlap::backward}};
+  for (const auto& [mode, overlap] : kinds) {
     for (scenario sc : {scenario::no_clip, scenario::clip_some, scenario::nan_last,
                         scenario::none_grad, scenario::unannounced, scenario::two_threads}) {
-      auto plan = overlap_plan(gen, mode);
+      auto plan = overlap_plan(gen, mode, overlap == adam_overlap::backward_publish);
       if (sc == scenario::clip_some) {
         auto norms = plain_norms(plan, policy, steps);
         std::sort(norms.begin(), norms.end());
         plan.options.max_grad_norm = (norms[steps / 2 - 1] + norms[steps / 2]) / 2;
       }
-      INFO(name_of(sc) << ", " << plan.describe());
+      INFO(name_of(sc) << ", overlap " << to_string(overlap) << ", " << plan.describe());
       adam_rig reference(plan);
       auto spec_plan = plan;
-      spec_plan.options.overlap = adam_overlap::backward;
+      spec_plan.options.overlap = overlap;
       adam_rig rig(spec_plan);
       reference.build(policy);
       rig.build(policy);
@@ -181,7 +194,7 @@ TEST_CASE("overlap backward: grad_ready() then step() is bit for bit the plain s
             elements += p.elements;
           }
         }
-        CHECK(m.overlap == adam_overlap::backward);
+        CHECK(m.overlap == overlap);
         CHECK(m.rollback_bytes == 12 * elements);
         CHECK(m.speculative_steps == static_cast<std::uint64_t>(steps));
         // A clip after a step without one rolls back; after a clipped step the update is not
@@ -203,35 +216,42 @@ TEST_CASE("overlap backward: reading the state between grad_ready() and step() r
   auto gen = test::rng(2502);
   const topology topo = topology::discover();
   auto policy = test::rig_placement(topo);
-  auto plan = overlap_plan(gen, adam_mode::cpu);
-  adam_rig reference(plan);
-  plan.options.overlap = adam_overlap::backward;
-  adam_rig rig(plan);
-  reference.build(policy);
-  rig.build(policy);
-  for (std::uint64_t s = 0; s < 3; ++s) {
-    reference.set_grads(s);
-    rig.set_grads(s);
-    const auto before = rig.state();  // no speculation yet
-    for (const auto& p : params_of(plan)) {
-      rig.opt().grad_ready(p.group, p.param);
+  for (const adam_overlap overlap : {adam_overlap::backward, adam_overlap::backward_publish}) {
+    auto plan = overlap_plan(gen, adam_mode::cpu, overlap == adam_overlap::backward_publish);
+    INFO("overlap " << to_string(overlap) << ", " << plan.describe());
+    adam_rig reference(plan);
+    plan.options.overlap = overlap;
+    adam_rig rig(plan);
+    reference.build(policy);
+    rig.build(policy);
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      reference.set_grads(s);
+      rig.set_grads(s);
+      const auto before = rig.state();  // no speculation yet
+      const auto params_before = rig.params();
+      for (const auto& p : params_of(plan)) {
+        rig.opt().grad_ready(p.group, p.param);
+      }
+      REQUIRE(rig.state() == before);          // the accessors restored the speculative updates
+      REQUIRE(rig.params() == params_before);  // and the params they had published
+      for (const auto& p : params_of(plan)) {
+        rig.opt().grad_ready(p.group, p.param);  // again: the step starts over
+      }
+      // A param's grad cannot change once announced; the same pointer is fine.
+      CHECK_NOTHROW(rig.opt().set_grad(0, 0, rig.grad(0, 0)));
+      CHECK_THROWS_WITH(rig.opt().set_grad(0, 0, nullptr), Catch::Contains("grad_ready"));
+      REQUIRE(reference.opt().step().applied);
+      REQUIRE(rig.opt().step().applied);
+      REQUIRE(rig.state() == reference.state());
+      REQUIRE(rig.params() == reference.params());
     }
-    REQUIRE(rig.state() == before);  // the accessors restored the speculative updates
-    for (const auto& p : params_of(plan)) {
-      rig.opt().grad_ready(p.group, p.param);  // again: the step starts over
-    }
-    // A param's grad cannot change once announced; the same pointer is fine.
-    CHECK_NOTHROW(rig.opt().set_grad(0, 0, rig.grad(0, 0)));
-    CHECK_THROWS_WITH(rig.opt().set_grad(0, 0, nullptr), Catch::Contains("grad_ready"));
-    REQUIRE(reference.opt().step().applied);
-    REQUIRE(rig.opt().step().applied);
-    REQUIRE(rig.state() == reference.state());
-    REQUIRE(rig.params() == reference.params());
+    rig.opt().set_grad(0, 1, nullptr);
+    CHECK_THROWS_WITH(rig.opt().grad_ready(0, 1), Catch::Contains("no grad"));
+    CHECK_THROWS_WITH(rig.opt().grad_ready(9, 0), Catch::Contains("out of range"));
   }
-  rig.opt().set_grad(0, 1, nullptr);
-  CHECK_THROWS_WITH(rig.opt().grad_ready(0, 1), Catch::Contains("no grad"));
-  CHECK_THROWS_WITH(rig.opt().grad_ready(9, 0), Catch::Contains("out of range"));
   CHECK(parse_adam_overlap("backward") == adam_overlap::backward);
+  CHECK(parse_adam_overlap("backward_publish") == adam_overlap::backward_publish);
+  CHECK(to_string(adam_overlap::backward_publish) == "backward_publish");
   CHECK(parse_adam_overlap("none") == adam_overlap::none);
   CHECK_FALSE(parse_adam_overlap("forward"));
 }
@@ -244,22 +264,25 @@ TEST_CASE("overlap backward: a device fault during speculation is all or nothing
   int not_applied = 0;
   int applied = 0;
   for (int round = 0; round < 9; ++round) {
-    auto plan = overlap_plan(gen, adam_mode::cpu);
+    const int kind = round % 3;  // 0: a grads copy, 1: the backward kernel, 2: a params upload
+    // Rounds 3 and 4 publish host params during the speculation: the fault must restore them.
+    const bool publish = round == 3 || round == 4;
+    auto plan = overlap_plan(gen, adam_mode::cpu, publish);
     if (round % 2 == 1) {
       plan.options.max_grad_norm = 1e-3;  // clipping fires: every speculative update is redone
     }
     adam_rig reference(plan);
-    plan.options.overlap = adam_overlap::backward;
+    plan.options.overlap = publish ? adam_overlap::backward_publish : adam_overlap::backward;
     adam_rig rig(plan);
     reference.build(policy);
     rig.build(policy);
-    const int kind = round % 3;  // 0: a grads copy, 1: the backward kernel, 2: a params upload
-    INFO("fault " << kind << ", " << plan.describe());
+    INFO("fault " << kind << ", " << to_string(plan.options.overlap) << ", " << plan.describe());
     for (std::uint64_t s = 0; s < 4; ++s) {
       reference.set_grads(s);
       rig.set_grads(s);
       REQUIRE(reference.opt().step().applied);
       const auto before = rig.state();
+      const auto params_before = rig.params();
       if (s == 2) {
         auto& dev = rig.dev();
         if (kind == 0) {
@@ -291,6 +314,7 @@ TEST_CASE("overlap backward: a device fault during speculation is all or nothing
         if (e.result() == adam_step_error::outcome::not_applied) {
           REQUIRE(kind != 2);
           REQUIRE(rig.state() == before);
+          REQUIRE(rig.params() == params_before);
           ++not_applied;
           REQUIRE(rig.opt().step().applied);  // the retry: a plain step
         } else {

@@ -324,6 +324,47 @@ TEST_CASE("the window decides how far ahead the scheduler fetches", "[scheduler]
   }
 }
 
+TEST_CASE("prefetch across iterations: what flush drops is counted, and can be avoided",
+          "[scheduler]") {
+  auto gen = test::rng(711);
+  // Six steps with a buffer each (random sizes); window w stages the next iteration's first w.
+  scenario sc;
+  std::uniform_int_distribution<std::size_t> size(1, 64);
+  for (int i = 0; i < 6; ++i) {
+    sc.host.push_back(test::random_bytes(64 * size(gen), gen));
+    sc.plan.add_buffer(
+        {"b" + std::to_string(i), sc.host.back().data(), sc.host.back().size(), false, false});
+    sc.plan.add_step({"s" + std::to_string(i), {static_cast<buffer_id>(i)}, {}});
+  }
+  sc.options.hbm_budget_bytes = 64 << 10;
+  const std::uint64_t w = std::uniform_int_distribution<std::uint64_t>(1, 4)(gen);
+  sc.options.window = w;
+  INFO("window " << w);
+  std::uint64_t first_w = 0, all = 0;  // bytes of the plan's first w steps, and of all
+  for (std::size_t i = 0; i < sc.host.size(); ++i) {
+    first_w += i < w ? sc.host[i].size() : 0;
+    all += sc.host[i].size();
+  }
+  for (const bool across : {true, false}) {
+    INFO("prefetch_across_iterations " << across);
+    sc.options.prefetch_across_iterations = across;
+    auto dev = fast_device();
+    prefetch_scheduler sched(*dev, sc.plan, sc.options);
+    std::vector<std::uint64_t> seen;
+    for (int it = 0; it < 3; ++it) {
+      // The tier copies change between iterations, as an optimizer step changes the weights.
+      drive(sched, 0, sc.plan.steps.size(), seen);
+      sched.flush();
+      for (auto& h : sc.host) {
+        h[0] = static_cast<unsigned char>(h[0] + 1);
+      }
+    }
+    const auto m = sched.metrics();
+    CHECK(m.bytes_in == 3 * all);  // every run fetched its buffer after the flush
+    CHECK(m.bytes_discarded == (across ? 3 * first_w : 0));
+  }
+}
+
 TEST_CASE("a budget that fits only the largest step still runs, one step at a time",
           "[scheduler]") {
   auto gen = test::rng(703);
@@ -650,13 +691,15 @@ TEST_CASE("the JSON snapshot and the Prometheus text carry the documented names"
   const auto doc = nlohmann::json::parse(sched.snapshot_json());
   CHECK(doc.at("schema_version") == metrics::snapshot_schema_version);
   const auto& s = doc.at("scheduler");
-  for (const char* key : {"step_time_s", "lower_bound_s", "overlap_efficiency", "stall_fraction",
-                          "bytes_in", "bytes_out", "hbm_staging_peak_bytes", "window"}) {
+  for (const char* key :
+       {"step_time_s", "lower_bound_s", "overlap_efficiency", "stall_fraction", "bytes_in",
+        "bytes_out", "bytes_discarded", "hbm_staging_peak_bytes", "window"}) {
     INFO(key);
     CHECK(s.contains(key));
   }
   CHECK(s.at("bytes_in") == m.bytes_in);
   CHECK(s.at("window") == m.window);
+  CHECK(s.at("bytes_discarded") == m.bytes_discarded);
   CHECK(s.at("iterations") == 2);
   CHECK(s.at("per_step").size() == sc.plan.steps.size());
   CHECK(m.step_time_s > 0);

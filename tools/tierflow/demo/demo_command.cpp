@@ -345,7 +345,8 @@ action add_demo_command(CLI::App& app) {
   cmd->add_option("--adam-mode", o->adam_mode, "cpu, streamed or auto")->capture_default_str();
   cmd->add_option("--overlap", o->overlap,
                   "none, or backward: each layer's Adam update starts (speculatively) as soon "
-                  "as its grad is final in the backward pass")
+                  "as its grad is final in the backward pass; backward_publish: also its new "
+                  "weights are written then, not in step()")
       ->capture_default_str();
   cmd->add_option("--placement", o->placement,
                   "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)");

@@ -29,7 +29,7 @@ adam_mode checked_adam_mode(const std::string& text) {
 adam_overlap checked_adam_overlap(const std::string& text) {
   const auto overlap = parse_adam_overlap(text);
   if (!overlap) {
-    throw input_error("--overlap", "expected none or backward", text);
+    throw input_error("--overlap", "expected none, backward or backward_publish", text);
   }
   return *overlap;
 }

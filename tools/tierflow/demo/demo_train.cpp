@@ -76,6 +76,9 @@ scheduler_options demo_scheduler_options(const demo_options& o, bool resident) {
   scheduler_options so;
   so.window = o.window;
   so.trace = !resident;
+  // The optimizer rewrites the weights' host copies after each backward pass: what the last
+  // layers staged of the next forward would be dropped unused by the flush before it.
+  so.prefetch_across_iterations = false;
   const std::uint64_t slack = 256 * (o.layers + 4);
   so.hbm_budget_bytes =
       resident ? o.layers * demo_layer_bytes(o) + slack
@@ -244,7 +247,6 @@ void trainer::optimizer_step() {
     math_->adam_step(dev_.compute_stream(), reference_, params, layers_.grads, o_.width * o_.width);
     dev_.compute_stream().synchronize();
   } else {
-    sched_.flush();  // the host copies change next: nothing may stay staged
     const auto r = adam_->step();
     if (!r.applied) {
       throw error("demo: the optimizer skipped a step: " + r.skip_reason);
@@ -274,13 +276,16 @@ run_result trainer::run(bool quiet) {
   const auto since = [](clock_type::time_point t) {
     return std::chrono::duration<double>(clock_type::now() - t).count();
   };
-  const bool overlap = adam_ && checked_adam_overlap(o_.overlap) == adam_overlap::backward;
+  const bool overlap = adam_ && checked_adam_overlap(o_.overlap) != adam_overlap::none;
   for (std::size_t step = 0; step < o_.steps; ++step) {
     const auto step_start = clock_type::now();
     const bool announce = overlap && step % 2 == 0;  // odd steps plain: the same run's baseline
     upload_batch(step);
     forward_pass();
     backward_pass(announce);
+    if (!resident_) {
+      sched_.flush();  // the host copies change in step(): nothing may stay staged
+    }
     compute.synchronize();  // the backward pass is over: what follows is the exposed step
     result.forward_backward_seconds.push_back(since(step_start));
     const auto adam_start = clock_type::now();
