@@ -1,6 +1,8 @@
-"""OffloadAdamW(overlap="backward") against overlap="none" in one run: the optimizer time left
+"""OffloadAdamW(overlap="backward"/"backward_publish") against overlap="none" in one run: the
+optimizer time left
 exposed after the backward pass (the wall time of step()), and the whole iteration against
-max(forward + backward, the plain Adam step), medians and p10-p90.
+max(forward + backward, the plain Adam step), medians and p10-p90. The cases are interleaved
+(each runs --rounds times, in turn), so that the machine's load falls on all alike.
 
     PYTHONPATH=build/release/python /usr/bin/python3 bench/torch_overlap_bench.py
 
@@ -26,12 +28,18 @@ def main():
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--overlaps", default="none,backward,backward_publish",
+                   help="comma-separated cases; 'none' (the baseline) is always run")
     p.add_argument("--clip-every-step", action="store_true")
+    p.add_argument("--offload-params", action="store_true",
+                   help="the weights in a host tier too (offload_parameters, as the main job): "
+                        "the params the step writes are then in host memory")
     args = p.parse_args()
     import torch
     from torch import nn
 
-    from tierflow.torch import OffloadAdamW
+    from tierflow.torch import OffloadAdamW, offload_parameters
 
     torch.set_num_threads(1)
 
@@ -43,8 +51,10 @@ def main():
     x = torch.randn(args.rows, args.width)
     clip = 1e-6 if args.clip_every_step else None
     results = {}
-    for overlap in ("none", "backward", "none", "backward"):  # interleaved: fair to both
+    cases = ["none"] + [c for c in args.overlaps.split(",") if c and c != "none"]
+    for overlap in cases * args.rounds:  # interleaved: fair to every case
         net = model()
+        handle = offload_parameters(net) if args.offload_params else None
         opt = OffloadAdamW(net.parameters(), lr=1e-4, mode="cpu", max_grad_norm=clip,
                            overlap=overlap)
         fb, st, it = [], [], []
@@ -64,10 +74,13 @@ def main():
         r["step"] += st
         r["iter"] += it
         r["metrics"] = opt.metrics()["adam"]
+        if handle is not None:
+            handle.remove()
     params = sum(q.numel() for q in model().parameters())
     print(f"# {args.layers} x Linear({args.width}) + Tanh ({params / 1e6:.1f} M params), "
           f"{args.rows} rows, torch 1 thread, clip every step: {args.clip_every_step}, "
-          f"{2 * args.steps} timed iterations each")
+          f"weights offloaded: {args.offload_params}, "
+          f"{args.rounds * args.steps} timed iterations each")
     plain_step = spread(results["none"]["step"])[0]
     fwd_bwd = spread(results["none"]["fb"])[0]
     bound = max(fwd_bwd, plain_step)

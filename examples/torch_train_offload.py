@@ -13,8 +13,9 @@ compute is deterministic; on a GPU, cuBLAS may choose other kernels, so it compa
 1e-5 of the weights' scale), and prints the offloaded step's time over the resident one's.
 Writes report.html (SVG plots), metrics.json and trace.json (Perfetto) to --out.
 --overlap backward starts each param's Adam update as soon as its grad is final in the backward
-pass (OffloadAdamW(overlap="backward")); the summary prints the step() time left after the
-backward pass either way. Default none: at this size the step is a few ms against a second of
+pass (OffloadAdamW(overlap="backward")); backward_publish also writes each offloaded weight's
+new values into its host tier then, not in step(); the summary prints the step() time left
+after the backward pass either way. Default none: at this size the step is a few ms against a second of
 forward + backward here, so overlap gains nothing measurable (BENCHMARKS.md, issue 25).
 """
 import argparse
@@ -173,7 +174,7 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--overlap", choices=("none", "backward"), default="none",
+    p.add_argument("--overlap", choices=("none", "backward", "backward_publish"), default="none",
                    help="backward: each param's Adam update starts as soon as its grad is final "
                    "(OffloadAdamW(overlap=...)); default none (no measurable gain at this size)")
     p.add_argument("--verify", action="store_true")
