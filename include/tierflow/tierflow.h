@@ -259,6 +259,10 @@ typedef struct tf_sched_options {
   int adaptive;                        /* 1: the window adapts to stalls, within the budget */
   int trace;                           /* 1: record a Perfetto trace (tf_scheduler_trace_json) */
   const char* placement;               /* as in tf_adam_options, for the buffers it allocates */
+  /* 1 (default): the last steps of the plan prefetch the first ones of the next iteration; 0:
+   * nothing of the next iteration is staged before its first acquire (for a caller that
+   * changes the host copies between iterations, e.g. an optimizer step, or restarts). */
+  int prefetch_across_iterations;
 } tf_sched_options;
 
 void tf_sched_options_default(tf_sched_options* options);

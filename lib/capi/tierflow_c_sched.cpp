@@ -120,6 +120,7 @@ void tf_sched_options_default(tf_sched_options* options) {
   options->adaptive = 0;
   options->trace = 0;
   options->placement = nullptr;
+  options->prefetch_across_iterations = 1;
 }
 
 tf_status tf_scheduler_create(tf_device* device, const tf_sched_buffer* buffers,
@@ -149,6 +150,7 @@ tf_status tf_scheduler_create(tf_device* device, const tf_sched_buffer* buffers,
     so.window = o.window;
     so.adaptive = o.adaptive != 0;
     so.trace = o.trace != 0;
+    so.prefetch_across_iterations = o.prefetch_across_iterations != 0;
     so.alignment = slot_alignment;
     so.hbm_budget_bytes = o.hbm_budget_bytes != 0
                               ? o.hbm_budget_bytes

@@ -161,6 +161,7 @@ class SchedOptions(Structure):
         ("adaptive", c_int),
         ("trace", c_int),
         ("placement", c_char_p),
+        ("prefetch_across_iterations", c_int),
     ]
 
 

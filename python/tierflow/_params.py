@@ -185,6 +185,9 @@ class OffloadedParameters:
         options.window = window
         options.hbm_budget_bytes = hbm_budget or 0
         options.trace = int(bool(trace))
+        # Each pass ends with a restart (the optimizer then rewrites the tier copies): what the
+        # last steps would prefetch of the next pass would be dropped unused.
+        options.prefetch_across_iterations = 0
         self._placement = placement.encode() if placement is not None else None
         options.placement = self._placement
         array = (_capi.SchedBuffer * len(buffers))(*buffers)

@@ -43,6 +43,7 @@ int main(void) {
   }
   tf_sched_options options;
   tf_sched_options_default(&options);
+  CHECK(options.prefetch_across_iterations == 1);
   options.window = 2;
   tf_scheduler* s = NULL;
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tierflow import _capi
 from tierflow.torch import OffloadAdamW, offload_parameters
 
 WIDTH = 48
@@ -49,14 +50,16 @@ def data(steps, rows=8):
     return [(torch.randn(rows, WIDTH), torch.randn(rows, 4)) for _ in range(steps)]
 
 
-@pytest.mark.parametrize("window", [0, 1, 3])
-def test_training_is_bit_identical_and_staging_stays_in_budget(seed, window):
+@pytest.mark.parametrize("window,overlap", [(0, "none"), (1, "none"), (3, "none"),
+                                            (2, "backward_publish")])
+def test_training_is_bit_identical_and_staging_stays_in_budget(seed, window, overlap):
     plain = Stack()
     streamed = copy.deepcopy(plain)
     budget = (window + 1) * max(block_bytes(plain)) + 256 * 8  # slots are 256-byte aligned
     handle = offload_parameters(streamed, window=window, hbm_budget=budget)
     ref_opt = OffloadAdamW(plain.parameters(), lr=3e-3, mode="cpu")
-    opt = OffloadAdamW(streamed.parameters(), lr=3e-3)
+    # backward_publish: each block's tier copy gets its new weights during the backward pass
+    opt = OffloadAdamW(streamed.parameters(), lr=3e-3, overlap=overlap)
     batches = data(6)
     assert torch.equal(torch.stack(train(streamed, opt, batches)),
                        torch.stack(train(plain, ref_opt, batches)))
@@ -67,6 +70,11 @@ def test_training_is_bit_identical_and_staging_stays_in_budget(seed, window):
     assert m["hbm_staging_peak_bytes"] < total  # never the whole model
     # every pass moved every block in at least once (forward) and wrote nothing back
     assert m["bytes_in"] >= 6 * total and m["bytes_out"] == 0
+    # each pass ends with a restart: nothing of the next pass is fetched ahead, only to be dropped
+    sched = _capi.json_call("tf_scheduler_metrics_json", handle._sched)["scheduler"]
+    assert sched["bytes_discarded"] == 0
+    if overlap != "none":
+        assert opt.metrics()["adam"]["speculative_steps"] >= 4
     assert opt.mode == "cpu"
     handle.remove()
     for p, q in zip(streamed.parameters(), plain.parameters()):
