@@ -69,9 +69,10 @@ enum class adam_mode {
 enum class adam_overlap {
   none,      ///< the step starts in step(), after the backward pass
   backward,  ///< grad_ready() starts a param's update (speculatively) during the backward pass
-  /** as backward, and a param in host memory takes its new values as soon as its speculative
-   *  update is done, before step(): the caller must neither read nor write such a param from
-   *  its grad_ready() until step() returns (step() restores it when it rolls the update back) */
+  /** as backward, and a param takes its new values as soon as its speculative update is done,
+   *  before step() (stored into a param in host memory, sent up on the H2D stream for a device
+   *  param): the caller must neither read nor write a param from its grad_ready() until step()
+   *  returns (step() restores it when it rolls the update back) */
   backward_publish
 };
 
@@ -166,8 +167,8 @@ struct adam_options {
    * 12 B per element, in the placement's optimizer_state tiers). In streamed mode grad_ready()
    * is accepted and does nothing (the step streams the state in step()). Default `none`: the
    * copy doubles the state's memory, and only a caller that calls grad_ready() gains.
-   * `backward_publish` also writes each param in host memory as soon as its update is done,
-   * so that step() has only the last updates and the device params left to send. */
+   * `backward_publish` also writes (or sends up) each param as soon as its update is done, so
+   * that step() has only the last updates and their params left. */
   adam_overlap overlap = adam_overlap::none;
 };
 

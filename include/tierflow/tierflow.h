@@ -112,9 +112,9 @@ typedef struct tf_adam_options {
   const char* placement;
   /* 0: none; 1: backward, tf_adam_grad_ready starts each param's update during the backward
    * pass (cpu mode; it costs a pre-update copy of the state, 12 B per element); 2:
-   * backward_publish, as 1, and a param in host memory takes its new values as soon as its
-   * update is done (the caller must not read or write it from tf_adam_grad_ready until the
-   * step returns). */
+   * backward_publish, as 1, and a param takes its new values as soon as its update is done
+   * (stored, or sent up for a device param; the caller must not read or write it from
+   * tf_adam_grad_ready until the step returns). */
   int overlap;
 } tf_adam_options;
 

@@ -54,6 +54,15 @@ void adam_cpu_step::start() {
   }
 }
 
+void adam_cpu_step::set_speculation(adam_speculation* speculation) {
+  speculation_ = speculation;
+  if (speculation != nullptr) {
+    speculation->set_uploader([this](const chunk_ref& c, std::size_t slot_hint) {
+      upload_chunk(core_.dev.h2d_stream(), c, slot_hint);
+    });
+  }
+}
+
 void adam_cpu_step::start_workers() {
   for (const auto& c : core_.chunks) {
     chunks_by_node_[c.node].push_back(c.index);

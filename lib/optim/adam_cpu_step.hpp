@@ -26,8 +26,9 @@ class adam_cpu_step {
   adam_step_result run(adam_step_result result);
   /** The worker pools by node (made by start()). */
   [[nodiscard]] std::map<int, std::unique_ptr<worker_pool>>& pools() noexcept { return pools_; }
-  /** The speculation whose work run() completes (overlap = backward), or null. */
-  void set_speculation(adam_speculation* speculation) noexcept { speculation_ = speculation; }
+  /** The speculation whose work run() completes (overlap = backward), or null; it sends
+   *  device params up through this step's upload path (backward_publish). */
+  void set_speculation(adam_speculation* speculation);
 
  private:
   void start_workers();

@@ -66,8 +66,9 @@ void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
   if (!any_) {
     for (auto& [node, pool] : pools_) {
       queued_[node] = 0;
-      pool->start(
-          0, [this, node = node](std::size_t task, std::size_t) { speculate(queue_[node][task]); });
+      pool->start(0, [this, node = node](std::size_t task, std::size_t worker) {
+        speculate(queue_[node][task], worker);
+      });
     }
     any_ = true;
   }
@@ -90,7 +91,7 @@ void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
 
 // On a worker: the chunk's Σ g² once its grads landed and, when finite, its update after a
 // copy of its state into the backup.
-void adam_speculation::speculate(std::size_t index) {
+void adam_speculation::speculate(std::size_t index, std::size_t worker) {
   const chunk_ref& c = core_.chunks[index];
   await(*core_.chunk_events[index], deadline_[index],
         "the grads (the work that makes them, then their copy)");
@@ -108,16 +109,40 @@ void adam_speculation::speculate(std::size_t index) {
   std::memcpy(backup + 2 * n + c.offset, p.moments_v() + c.offset, bytes);
   core_.update_on_host(c, scalars_[c.slot]);
   updated_[index] = 1;
-  if (core_.options.overlap == adam_overlap::backward_publish && p.desc.param_on_host) {
-    publish(c, p);
+  if (core_.options.overlap == adam_overlap::backward_publish) {
+    publish(c, p, 2 * worker + (index % 2));  // each worker's pair of ring slots, in turn
     published_[index] = 1;
   }
 }
 
-// The chunk's master weights into its params (a param in host memory).
-void adam_speculation::publish(const chunk_ref& c, const param_state& p) {
-  void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
-  store_params(core_.kernel, p.master_p() + c.offset, dst, p.desc.dtype, c.count);
+// The chunk's master weights into its params: stored for a param in host memory, else sent up
+// on the H2D stream (converted through a ring slot for 16-bit params).
+void adam_speculation::publish(const chunk_ref& c, const param_state& p, std::size_t slot_hint) {
+  if (p.desc.param_on_host) {
+    void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
+    store_params(core_.kernel, p.master_p() + c.offset, dst, p.desc.dtype, c.count);
+  } else {
+    upload_(c, slot_hint);
+  }
+}
+
+bool adam_speculation::published_to_device() const {
+  for (const auto& c : core_.chunks) {
+    if (published_[c.index] != 0 && !core_.param_of(c).desc.param_on_host) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void adam_speculation::settle_uploads() noexcept {
+  try {
+    core_.dev.h2d_stream().synchronize();
+  } catch (const std::exception& e) {
+    core_.params_stale = true;  // re-sent from the master weights before their next use
+    log(log_level::debug,
+        std::string("offload_adam: a speculative params upload failed: ") + e.what());
+  }
 }
 
 void adam_speculation::restore(std::size_t index) noexcept {
@@ -130,7 +155,12 @@ void adam_speculation::restore(std::size_t index) noexcept {
   std::memcpy(p.moments_m() + c.offset, backup + n + c.offset, bytes);
   std::memcpy(p.moments_v() + c.offset, backup + 2 * n + c.offset, bytes);
   if (published_[index] != 0) {
-    publish(c, p);  // the params as they were: derived from the restored master weights
+    try {
+      publish(c, p, index);  // the params as they were: derived from the restored master weights
+    } catch (const std::exception& e) {
+      core_.params_stale = true;
+      log(log_level::debug, std::string("offload_adam: re-sending restored params: ") + e.what());
+    }
     published_[index] = 0;
   }
   updated_[index] = 0;
@@ -153,9 +183,14 @@ void adam_speculation::wait() {
 void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool clipped) {
   update_ = !clipped;
   bool rolled_back = false;
+  bool uploads_settled = false;
   for (const auto& c : core_.chunks) {
     if (updated(c.index) &&
         std::memcmp(&scalars[c.slot], &scalars_[c.slot], sizeof(adam_scalars)) != 0) {
+      if (!uploads_settled && published_to_device()) {
+        settle_uploads();  // the copies read the master weights that restore() rewrites
+        uploads_settled = true;
+      }
       restore(c.index);
       rolled_back = true;
     }
@@ -164,12 +199,19 @@ void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool cli
 }
 
 void adam_speculation::roll_back_all() noexcept {
+  const bool to_device = any_ && published_to_device();
+  if (to_device) {
+    settle_uploads();  // the copies read the master weights that restore() rewrites
+  }
   bool rolled_back = false;
   for (const auto& c : core_.chunks) {
     if (updated(c.index)) {
       restore(c.index);
       rolled_back = true;
     }
+  }
+  if (to_device) {
+    settle_uploads();  // the device params are the old ones again when this returns
   }
   core_.totals.rollbacks += rolled_back ? 1 : 0;
 }

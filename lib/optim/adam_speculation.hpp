@@ -7,9 +7,12 @@
 // chunk's update when the step's true scalars are bit for bit those it used, and otherwise
 // restores the chunk from its backup (the plain step redoes it); a skipped or failed step
 // restores every chunk. The state is thus always bit for bit the plain step's. With
-// backward_publish, a chunk of a param in host memory also gets its new params right after its
-// speculative update (published_), and a restore writes the restored master weights back.
+// backward_publish, a chunk's params also get its new values right after its speculative
+// update (published_): stored for a param in host memory, sent up on the H2D stream (the cpu
+// step's upload path) for a device param; a restore first waits for those copies, then writes
+// or sends the restored master weights back.
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -29,6 +32,10 @@ class adam_speculation {
 
   /** Allocates the backups (3 floats per element, in the tiers) and sets rollback_bytes. */
   void allocate();
+  /** How a device param's chunk goes up (chunk, ring slot hint); set by the cpu step. */
+  void set_uploader(std::function<void(const chunk_ref&, std::size_t)> upload) {
+    upload_ = std::move(upload);
+  }
 
   /** Param @p param of group @p group has its final grad: enqueues its grads copy (after the
    *  work on the compute stream so far) and its chunks' norm and update on the workers.
@@ -61,9 +68,13 @@ class adam_speculation {
   void cancel() noexcept;
 
  private:
-  void speculate(std::size_t index);
+  void speculate(std::size_t index, std::size_t worker);
   void restore(std::size_t index) noexcept;
-  void publish(const chunk_ref& c, const param_state& p);
+  void publish(const chunk_ref& c, const param_state& p, std::size_t slot_hint);
+  /** Before restoring published device chunks: their copies, which read the master weights,
+   *  finish (a failed one leaves the device params stale: re-sent before their next use). */
+  void settle_uploads() noexcept;
+  [[nodiscard]] bool published_to_device() const;
 
   adam_core& core_;
   std::map<int, std::unique_ptr<worker_pool>>& pools_;
@@ -78,6 +89,7 @@ class adam_speculation {
   std::vector<char> announced_;                      // per chunk (caller's threads)
   std::vector<char> updated_;                        // per chunk (workers, then step())
   std::vector<char> published_;                      // per chunk (workers, then step())
+  std::function<void(const chunk_ref&, std::size_t)> upload_;
   bool any_ = false;
   bool update_ = true;  // speculate updates this step (no clip in the last one)
 };

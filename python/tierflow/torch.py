@@ -33,8 +33,8 @@ _DTYPES = {
 }
 # Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
 # overlap= values, in the order of tf_adam_options.overlap (0, 1, 2). "backward_publish" also
-# writes each param's new values as soon as its update is done, before step(): read no param
-# between backward() and step().
+# writes (or sends up) each param's new values as soon as its update is done, before step():
+# read no param between backward() and step().
 _OVERLAPS = ("none", "backward", "backward_publish")
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
