@@ -145,7 +145,7 @@ void adam_speculation::settle_uploads() noexcept {
   }
 }
 
-void adam_speculation::restore(std::size_t index) noexcept {
+void adam_speculation::restore(std::size_t index, bool republish) noexcept {
   const chunk_ref& c = core_.chunks[index];
   const param_state& p = *param_by_slot_[c.slot];
   const auto* backup = static_cast<const float*>(backup_[c.slot].data());
@@ -154,15 +154,15 @@ void adam_speculation::restore(std::size_t index) noexcept {
   std::memcpy(p.master_p() + c.offset, backup + c.offset, bytes);
   std::memcpy(p.moments_m() + c.offset, backup + n + c.offset, bytes);
   std::memcpy(p.moments_v() + c.offset, backup + 2 * n + c.offset, bytes);
-  if (published_[index] != 0) {
+  if (published_[index] != 0 && republish) {
     try {
       publish(c, p, index);  // the params as they were: derived from the restored master weights
     } catch (const std::exception& e) {
       core_.params_stale = true;
       log(log_level::debug, std::string("offload_adam: re-sending restored params: ") + e.what());
     }
-    published_[index] = 0;
   }
+  published_[index] = 0;
   updated_[index] = 0;
   ++core_.totals.rolled_back_chunks;
 }
@@ -191,7 +191,7 @@ void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool cli
         settle_uploads();  // the copies read the master weights that restore() rewrites
         uploads_settled = true;
       }
-      restore(c.index);
+      restore(c.index, false);  // the plain step redoes it and writes its params
       rolled_back = true;
     }
   }
@@ -206,7 +206,7 @@ void adam_speculation::roll_back_all() noexcept {
   bool rolled_back = false;
   for (const auto& c : core_.chunks) {
     if (updated(c.index)) {
-      restore(c.index);
+      restore(c.index, true);
       rolled_back = true;
     }
   }

@@ -69,7 +69,10 @@ class adam_speculation {
 
  private:
   void speculate(std::size_t index, std::size_t worker);
-  void restore(std::size_t index) noexcept;
+  /** Restores chunk @p index's state from its backup; @p republish: and its params, when they
+   *  were published (not when the plain step redoes the update and sends them anyway: its
+   *  update would rewrite the master weights under that copy). */
+  void restore(std::size_t index, bool republish) noexcept;
   void publish(const chunk_ref& c, const param_state& p, std::size_t slot_hint);
   /** Before restoring published device chunks: their copies, which read the master weights,
    *  finish (a failed one leaves the device params stale: re-sent before their next use). */

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <unistd.h>
 
 #include "core/crc32c.hpp"
@@ -22,6 +23,7 @@
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"
+#include "tierflow/tierflow.h"
 
 namespace tierflow::test {
 
@@ -412,5 +414,47 @@ inline std::uint64_t resident_bytes() {
   in >> size >> resident;
   return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 }
+
+/** Through the C ABI: a fresh emulated device, one f32 param "w" with @p values and a grad with
+ *  @p grads (same size), and a cpu-mode tf_adam over it on 1 thread. All freed at scope end. */
+class c_adam_one_param {
+ public:
+  c_adam_one_param(const std::vector<float>& values, const std::vector<float>& grads)
+      : n_(values.size()) {
+    REQUIRE(grads.size() == n_);
+    REQUIRE(tf_device_open("emulated", &dev_) == TF_OK);
+    REQUIRE(tf_device_alloc(dev_, n_ * 4, &param_) == TF_OK);
+    REQUIRE(tf_device_alloc(dev_, n_ * 4, &grad_) == TF_OK);
+    REQUIRE(tf_device_copy(dev_, param_, values.data(), n_ * 4, TF_COPY_H2D) == TF_OK);
+    REQUIRE(tf_device_copy(dev_, grad_, grads.data(), n_ * 4, TF_COPY_H2D) == TF_OK);
+    tf_adam_hyper hyper;
+    tf_adam_hyper_default(&hyper);
+    tf_adam_options o;
+    tf_adam_options_default(&o);
+    o.mode = TF_ADAM_CPU;
+    o.threads = 1;
+    const tf_adam_param p{"w", param_, grad_, TF_DTYPE_F32, n_, 0, 0};
+    REQUIRE(tf_adam_create(dev_, &p, 1, &hyper, 1, &o, &adam_) == TF_OK);
+  }
+  c_adam_one_param(const c_adam_one_param&) = delete;
+  c_adam_one_param& operator=(const c_adam_one_param&) = delete;
+  ~c_adam_one_param() {
+    tf_adam_destroy(adam_);
+    if (dev_ != nullptr) {
+      (void)tf_device_free(dev_, param_, n_ * 4);
+      (void)tf_device_free(dev_, grad_, n_ * 4);
+      tf_device_destroy(dev_);
+    }
+  }
+  [[nodiscard]] tf_adam* adam() const noexcept { return adam_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+ private:
+  std::size_t n_;
+  tf_device* dev_ = nullptr;
+  void* param_ = nullptr;
+  void* grad_ = nullptr;
+  tf_adam* adam_ = nullptr;
+};
 
 }  // namespace tierflow::test
