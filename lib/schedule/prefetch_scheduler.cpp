@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -73,7 +74,8 @@ struct prefetch_scheduler::impl final : detail::staging_device {
   std::vector<buffer_state> buffers;
   std::vector<std::vector<buffer_id>> uses;  // of each step: every buffer, sorted, unique
   std::uint64_t resident_bytes = 0;
-  std::uint64_t bytes_discarded = 0;  // staged ahead, dropped unused (flush, recovery)
+  // Staged ahead and dropped unused (flush, recovery); metrics() may read it from any thread.
+  std::atomic<std::uint64_t> bytes_discarded{0};
   detail::staging_policy policy{*this, options.unit};
 
   void* hbm = nullptr;  // one allocation of the budget: resident copies, then staging
@@ -581,7 +583,7 @@ scheduler_metrics prefetch_scheduler::metrics() {
   auto m = s.accounting.snapshot();
   m.hbm_staging_peak_bytes = s.policy.staging_used().read().peak;
   m.hbm_resident_bytes = s.resident_bytes;
-  m.bytes_discarded = s.bytes_discarded;
+  m.bytes_discarded = s.bytes_discarded.load();
   m.hbm_budget_bytes = s.options.hbm_budget_bytes;
   m.window = s.policy.window();
   return m;
