@@ -3,9 +3,11 @@
 # with find_package(tierflow CONFIG) and with pkg-config. Both must classify a fixture. Then the
 # C consumer against the shared library (both ways), and the shared library's exports: the C
 # ABI only.
-# Usage: run.sh BUILD_DIR SOURCE_DIR CXX_COMPILER [CXX_FLAGS]
+# Usage: run.sh BUILD_DIR SOURCE_DIR CXX_COMPILER [CXX_FLAGS [C_COMPILER [C_LINK_FLAGS]]] (the
+# build's compilers and flags: the asan preset's clang flags and sanitizer runtimes are not gcc's;
+# C_LINK_FLAGS, what a C program linking the library needs on top of them there)
 set -euo pipefail
-build=$1 source=$2 cxx=$3 cxxflags=${4:-}
+build=$1 source=$2 cxx=$3 cxxflags=${4:-} cc=${5:-cc} clinkflags=${6:-}
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 fixture="$source/tests/data/sysfs/two_socket_cxl"
@@ -14,8 +16,8 @@ expected="dram0 remote_dram0 cxl0 cxl1"
 cmake --install "$build" --prefix "$prefix/usr" >/dev/null
 
 cmake -S "$source/tests/consumer" -B "$prefix/cmake-build" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DCMAKE_CXX_FLAGS="$cxxflags" -DCMAKE_EXE_LINKER_FLAGS="$cxxflags" >/dev/null
+  -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" \
+  -DCMAKE_CXX_FLAGS="$cxxflags" -DCMAKE_EXE_LINKER_FLAGS="$cxxflags $clinkflags" >/dev/null
 cmake --build "$prefix/cmake-build" >/dev/null
 got=$("$prefix/cmake-build/consumer" "$fixture" | xargs)
 echo "find_package consumer: $got"
@@ -35,8 +37,9 @@ got=$("$prefix/cmake-build/c_consumer")
 echo "find_package C consumer: $got"
 [ "$got" = "tierflow-c $version" ] || { echo "expected: tierflow-c $version"; exit 1; }
 # shellcheck disable=SC2046
-cc $cxxflags -o "$prefix/pc-c-consumer" "$source/tests/consumer/c_consumer.c" \
-  $(pkg-config --cflags --libs tierflow-c) -Wl,-rpath,"$(pkg-config --variable=libdir tierflow-c)"
+"$cc" $cxxflags -o "$prefix/pc-c-consumer" "$source/tests/consumer/c_consumer.c" \
+  $(pkg-config --cflags --libs tierflow-c) -Wl,-rpath,"$(pkg-config --variable=libdir tierflow-c)" \
+  $clinkflags
 got=$("$prefix/pc-c-consumer")
 echo "pkg-config C consumer: $got"
 [ "$got" = "tierflow-c $version" ] || { echo "expected: tierflow-c $version"; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes every target for a bounded time (default 20 s each), starting from its corpus.
-# A crash, leak or hang fails the run; the input that caused it is left in build/fuzz/findings/
+# A crash, leak or hang fails the run; the input that caused it is left in BUILD_DIR/findings/
 # and belongs in tests/fuzz/corpus/TARGET/ (as a regression test) once the bug is fixed.
 # Every target has a corpus folder (tests/fuzz/corpus/TARGET); a target with a dictionary
 # (tests/fuzz/TARGET.dict) is fuzzed with it.

@@ -163,7 +163,7 @@ TEST_CASE("soak: random plans under random faults end bit-exact, and memory stay
                         static_cast<double>(warm_rss);
   std::cout << "soak: RSS after warm-up " << warm_rss / 1024 << " KiB, at the end "
             << end_rss / 1024 << " KiB, growth " << 100 * growth << " %\n";
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(TIERFLOW_TEST_ASAN)  // test_support.hpp
   // ASan keeps freed memory in quarantine and its shadow grows with it: RSS says nothing here
   // (LeakSanitizer checks for leaks instead).
   WARN("soak: RSS growth not checked under AddressSanitizer (quarantine and shadow memory)");

@@ -13,9 +13,26 @@
 
 namespace tierflow::test {
 
+// GCC says which sanitizer a build has with __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__, clang 14
+// (the asan preset's compiler) only through __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define TIERFLOW_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TIERFLOW_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define TIERFLOW_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TIERFLOW_TEST_TSAN 1
+#endif
+#endif
+
 /** Whether this build runs under a sanitizer: memcpy is instrumented (timings are not the
  *  machine's) and mlock is a no-op. Speed checks keep only their lower bounds then. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(TIERFLOW_TEST_ASAN) || defined(TIERFLOW_TEST_TSAN)
 inline constexpr bool under_sanitizer = true;
 #else
 inline constexpr bool under_sanitizer = false;
