@@ -194,7 +194,9 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
       });
   if (all_summed) {
     for (const auto& c : core_.chunks) {
-      core_.partial[c.index] = core_.active(c) ? core_.partial[c.index] : 0;
+      if (!core_.active(c)) {
+        core_.partial[c.index] = 0;  // as sum_chunk does
+      }
     }
     return;  // every grad announced: the speculation summed them all, no pass to wake up for
   }

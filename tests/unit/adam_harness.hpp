@@ -415,6 +415,15 @@ inline std::uint64_t resident_bytes() {
   return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
+/** tf_adam_options' defaults in cpu mode on 1 thread (the C-ABI tests' usual optimizer). */
+inline tf_adam_options c_cpu_options() {
+  tf_adam_options o;
+  tf_adam_options_default(&o);
+  o.mode = TF_ADAM_CPU;
+  o.threads = 1;
+  return o;
+}
+
 /** Through the C ABI: a fresh emulated device, one f32 param "w" with @p values and a grad with
  *  @p grads (same size), and a cpu-mode tf_adam over it on 1 thread. All freed at scope end. */
 class c_adam_one_param {
@@ -429,10 +438,7 @@ class c_adam_one_param {
     REQUIRE(tf_device_copy(dev_, grad_, grads.data(), n_ * 4, TF_COPY_H2D) == TF_OK);
     tf_adam_hyper hyper;
     tf_adam_hyper_default(&hyper);
-    tf_adam_options o;
-    tf_adam_options_default(&o);
-    o.mode = TF_ADAM_CPU;
-    o.threads = 1;
+    const tf_adam_options o = c_cpu_options();
     const tf_adam_param p{"w", param_, grad_, TF_DTYPE_F32, n_, 0, 0};
     REQUIRE(tf_adam_create(dev_, &p, 1, &hyper, 1, &o, &adam_) == TF_OK);
   }

@@ -200,10 +200,7 @@ TEST_CASE(
   REQUIRE(tf_device_copy(dev, block, values.data(), 4 * n * 4, TF_COPY_H2D) == TF_OK);
   tf_adam_hyper hyper;
   tf_adam_hyper_default(&hyper);
-  tf_adam_options o;
-  tf_adam_options_default(&o);
-  o.mode = TF_ADAM_CPU;
-  o.threads = 1;
+  const tf_adam_options o = test::c_cpu_options();
   struct row {
     const char* what;
     std::vector<tf_adam_param> params;
