@@ -31,11 +31,11 @@ _DTYPES = {
     torch.bfloat16: _capi.DTYPE_BF16,
     torch.float16: _capi.DTYPE_F16,
 }
-# Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
 # overlap= values, in the order of tf_adam_options.overlap (0, 1, 2). "backward_publish" also
 # writes (or sends up) each param's new values as soon as its update is done, before step():
 # read no param between backward() and step().
 _OVERLAPS = ("none", "backward", "backward_publish")
+# Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
 _devices: dict = {}
