@@ -293,13 +293,22 @@ class offload_adam {
    * in one step is ignored. A no-op with overlap none or in streamed mode. Thread-safe
    * against other grad_ready() calls (a framework's autograd threads), not against the
    * other members; between grad_ready() and step(), the calls that read or replace the state
-   * (master_weights(), set_state(), save(), ...) restore it first and the step starts over.
+   * (master_weights(), set_state(), save(), ...) restore it first and the step redoes the
+   * updates. In cpu mode an announced grad is copied to the host, and step() reads that copy,
+   * never the grad's memory again: the caller may free it after the copy (on the device's D2H
+   * stream), unless a failure during a state-reading call lost the copy (step() then throws
+   * not_applied, asking for the grads again).
    * @throws tierflow::error out of range, for a param without a grad (set_grad(nullptr)), or
    *         while a failed step is pending
    */
   void grad_ready(std::size_t group, std::size_t param);
   /** @brief set_grad(@p group, @p param, @p grad) (non-null), then grad_ready(). */
   void grad_ready(std::size_t group, std::size_t param, const void* grad);
+  /** @brief Forgets the grads announced since the last step() (restoring what their updates
+   *  changed), as a framework's zero_grad() between the backward pass and the step does: the
+   *  next step() reads the grads set then. A no-op when none was announced.
+   *  @throws busy_error while another call on this optimizer runs */
+  void discard_grads();
 
   /**
    * @brief Re-sends the params from the master weights when a failed call left the device

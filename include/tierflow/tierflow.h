@@ -210,6 +210,20 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
  * streamed mode. Thread-safe against other tf_adam_grad_ready calls on the optimizer, not
  * against its other calls. */
 tf_status tf_adam_grad_ready(tf_adam* adam, size_t index, const void* grad, void* stream);
+/* Forgets the grads announced by tf_adam_grad_ready since the last step (restoring what their
+ * updates changed): the next step reads the grads it is given. For a framework's zero_grad
+ * between the backward pass and the step; a no-op when none was announced. */
+tf_status tf_adam_discard_grads(tf_adam* adam);
+/* Where tf_adam_grad_ready's copies of the grads run. *copies: 1 when tf_adam_grad_ready copies
+ * each announced grad into the optimizer's host memory (cpu mode, overlap 1 or 2), else 0 (the
+ * step reads the grads itself). When 1, the next step reads an announced grad from that copy,
+ * never from its memory again, so a framework may free the grad once the copy is done: *stream
+ * gets the copy's stream, as the backend names it (a cudaStream_t: order the free after it, as
+ * torch's Tensor.record_stream does), or NULL on the emulated device, whose copies run on its own
+ * threads: keep the memory until the next tf_adam_step* returns. A step that fails forgets the
+ * announcements: the step after it reads the grad pointers it is given, so give NULL (or a new
+ * grad) for a freed one. */
+tf_status tf_adam_grad_copy_stream(const tf_adam* adam, void** stream, int* copies);
 /* Copies param `index`'s state into the caller's buffers (each `elements` floats; any may be
  * NULL: not copied): the fp32 master weights, exp_avg (m) and exp_avg_sq (v); *step (may be
  * NULL) gets the steps applied to this param. */

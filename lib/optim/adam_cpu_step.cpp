@@ -92,6 +92,13 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   const step_deadline deadline = deadline_after(core_.options.device_timeout_s);
   // What grad_ready() started (overlap = backward): its copies, sums and updates, finished
   // first; on a failure it has restored every chunk it updated.
+  if (speculation_ != nullptr && speculation_->take_lost()) {
+    throw adam_step_error(
+        "offload_adam::step (cpu mode): copying the grads given by grad_ready() failed before "
+        "a call that read the state; the step was not applied and the state is as before: give "
+        "the grads again (run the backward pass) and call step()",
+        adam_step_error::outcome::not_applied);
+  }
   adam_speculation* const spec =
       speculation_ != nullptr && speculation_->any() ? speculation_ : nullptr;
   if (spec != nullptr) {

@@ -63,15 +63,16 @@ void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
   if (announced_[chunks.front()] != 0) {
     return;  // announced twice: the first announcement holds
   }
-  if (!any_) {
+  if (!running_) {
     for (auto& [node, pool] : pools_) {
       queued_[node] = 0;
       pool->start(0, [this, node = node](std::size_t task, std::size_t worker) {
         speculate(queue_[node][task], worker);
       });
     }
-    any_ = true;
+    running_ = true;
   }
+  any_ = true;
   // As if no clipping applied: the step keeps the update only when its scalars are these.
   scalars_[slot] = core_.scalars_for(core_.groups[group], p, 1.0 / core_.options.loss_scale);
   stream& d2h = core_.dev.d2h_stream();
@@ -171,7 +172,8 @@ void adam_speculation::wait() {
   if (!any_) {
     return;
   }
-  const std::exception_ptr failure = wait_all(pools_);
+  const std::exception_ptr failure = running_ ? wait_all(pools_) : nullptr;
+  running_ = false;
   ++core_.totals.speculative_steps;
   if (failure) {
     roll_back_all();
@@ -230,18 +232,32 @@ void adam_speculation::cancel() noexcept {
   if (!any_) {
     return;
   }
+  bool failed = false;
   for (auto& [node, pool] : pools_) {
     try {
-      pool->wait();
+      if (running_) {
+        pool->wait();
+      }
     } catch (const std::exception& e) {
+      failed = true;
       log(log_level::debug,
           std::string("offload_adam: speculation cancelled after a failure: ") + e.what());
     } catch (...) {
+      failed = true;
       log(log_level::debug, "offload_adam: speculation cancelled after a failure");
     }
   }
+  running_ = false;
   roll_back_all();
-  end_step();
+  if (failed) {
+    end_step();  // the grads' copies may not have landed, and their memory may be gone
+    lost_ = true;
+    core_.settle_device();  // as a failed step does: the next one starts on a healthy device
+    return;
+  }
+  // The grads announced stay copied and summed; the step redoes the updates.
+  std::fill(updated_.begin(), updated_.end(), 0);
+  std::fill(published_.begin(), published_.end(), 0);
 }
 
 }  // namespace tierflow::detail

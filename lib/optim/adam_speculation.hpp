@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "optim/adam_core.hpp"
@@ -50,6 +51,9 @@ class adam_speculation {
   /** Whether chunk @p index's kept update is already in its params (backward_publish). */
   [[nodiscard]] bool published(std::size_t index) const { return any_ && published_[index] != 0; }
   [[nodiscard]] bool any() const noexcept { return any_; }
+  /** Whether cancel() failed since the last call: the grads announced before it may not have
+   *  been copied, and their memory may be gone (a framework frees an announced grad). */
+  [[nodiscard]] bool take_lost() noexcept { return std::exchange(lost_, false); }
 
   /** Waits for the speculative work. On a failure it restores every chunk, ends the
    *  speculation and rethrows (a device_error or device_timeout). */
@@ -63,8 +67,17 @@ class adam_speculation {
   void roll_back_all() noexcept;
   /** Forgets this step's announcements (after the step, or a failure). */
   void end_step() noexcept;
-  /** Waits (logging a failure), restores every chunk and ends the speculation: for calls that
-   *  read or replace the state between grad_ready() and step(). noexcept: destructors use it. */
+  /** cancel(), then forgets the announcements (and a lost copy): the grads come again. */
+  void discard() noexcept {
+    cancel();
+    end_step();
+    lost_ = false;
+  }
+  /** Waits, restores every chunk and drops the updates: for calls that read or replace the
+   *  state between grad_ready() and step(). The announced grads stay copied and summed (the
+   *  caller may have freed them: the step reads those copies); after a failure (logged) the
+   *  speculation ends, announcements and all, and take_lost() says so. noexcept: destructors
+   *  use it. */
   void cancel() noexcept;
 
  private:
@@ -93,8 +106,10 @@ class adam_speculation {
   std::vector<char> updated_;                        // per chunk (workers, then step())
   std::vector<char> published_;                      // per chunk (workers, then step())
   std::function<void(const chunk_ref&, std::size_t)> upload_;
-  bool any_ = false;
-  bool update_ = true;  // speculate updates this step (no clip in the last one)
+  bool any_ = false;      // something announced this step
+  bool running_ = false;  // the pools run a batch of speculate() (grad_ready() starts one)
+  bool lost_ = false;     // cancel() failed: the step refuses, the grads must come again
+  bool update_ = true;    // speculate updates this step (no clip in the last one)
 };
 
 }  // namespace tierflow::detail

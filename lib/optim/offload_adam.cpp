@@ -417,6 +417,13 @@ void offload_adam::grad_ready(std::size_t group, std::size_t param, const void* 
   impl_->grad_ready(group, param);
 }
 
+void offload_adam::discard_grads() {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::discard_grads");
+  if (impl_->speculation) {
+    impl_->speculation->discard();
+  }
+}
+
 void offload_adam::set_state(std::size_t group, std::size_t param, const float* master,
                              const float* exp_avg, const float* exp_avg_sq, std::size_t elements,
                              std::uint64_t steps) {

@@ -198,6 +198,8 @@ _PROTOTYPES = {
     "tf_adam_param_count": (_STATUS, [_ADAM, POINTER(c_size_t)]),
     "tf_adam_param_elements": (_STATUS, [_ADAM, c_size_t, POINTER(c_size_t)]),
     "tf_adam_grad_ready": (_STATUS, [_ADAM, c_size_t, c_void_p, c_void_p]),
+    "tf_adam_discard_grads": (_STATUS, [_ADAM]),
+    "tf_adam_grad_copy_stream": (_STATUS, [_ADAM, POINTER(c_void_p), POINTER(c_int)]),
     "tf_adam_step_on": (
         _STATUS,
         [_ADAM, POINTER(c_void_p), c_size_t, c_void_p, POINTER(c_int), POINTER(c_double)],

@@ -135,13 +135,14 @@ class _OffloadAdamBase(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, max_grad_norm=None, mode="auto",
-                 placement=None, chunk_elements=None, threads=None, overlap="none"):
+                 placement=None, chunk_elements=None, threads=None, overlap="none",
+                 release_grads=None):
         hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         flags = {"amsgrad": amsgrad, "maximize": maximize, "capturable": capturable,
                  "differentiable": differentiable, "fused": fused}
         _check_group({**hyper, **flags}, 0)
         self._options = self._make_options(max_grad_norm, mode, placement, chunk_elements,
-                                           threads, overlap)
+                                           threads, overlap, release_grads)
         self._init_runtime()
         defaults = _torch_defaults(self._torch_class, **hyper)
         if "foreach" in defaults:
@@ -150,10 +151,16 @@ class _OffloadAdamBase(torch.optim.Optimizer):
 
     # --- construction -------------------------------------------------------------------
     @staticmethod
-    def _make_options(max_grad_norm, mode, placement, chunk_elements, threads, overlap="none"):
+    def _make_options(max_grad_norm, mode, placement, chunk_elements, threads, overlap="none",
+                      release_grads=None):
+        if release_grads is not None and not isinstance(release_grads, bool):
+            raise TypeError(f"release_grads must be True, False or None, not {release_grads!r}")
         if overlap not in _OVERLAPS:
             raise ValueError("overlap must be 'none', 'backward' or 'backward_publish', not "
                              f"{overlap!r}")
+        if release_grads and (overlap == "none" or mode == "streamed"):
+            raise ValueError("release_grads=True needs overlap='backward' or 'backward_publish' "
+                             "and the cpu mode: the grads are copied to the host as they come")
         if mode not in _capi.ADAM_MODES:
             raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
         if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
@@ -164,7 +171,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         if placement is not None and not isinstance(placement, str):
             raise TypeError(f"placement must be a spec string, not {type(placement).__name__}")
         return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
-                "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap}
+                "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap,
+                "release_grads": release_grads}
 
     def _init_runtime(self) -> None:
         self._adam = None  # tf_adam*, created by _ensure_built
@@ -181,6 +189,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         #: True while the backward passes are not the last before step() (gradient
         #: accumulation): overlap="backward" then announces no grad.
         self.accumulating = False
+        self._released = {}  # entry -> the pointer of its grad, announced and released
+        self._lost = set()  # entries whose released grads a failed step lost
+        self._keep = []  # released grads the emulated device's copies may still read
+        self._copy_stream = None  # (torch stream or None, copies) of the C optimizer
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -250,14 +262,54 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             self._hooked[id(p)] = node
 
     def _grad_ready(self, p) -> None:
+        if self.accumulating:
+            return  # step() takes the accumulated grads
+        if self._adam is None and self._releases(p):
+            self._ensure_built()  # the first backward pass frees its grads too
         i = self._entry_of.get(id(p))
-        if self.accumulating or self._adam is None or i is None:
-            return  # the first step (no C optimizer yet) or an accumulating pass: step() does it
+        if self._adam is None or i is None:
+            return  # the first step (no C optimizer yet): step() does it
         g = p.grad
         if (g is None or g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
                 or g.device != p.device or not g.is_contiguous()):
             return  # step() checks it and says what is wrong
+        if i in self._released:
+            label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+            raise RuntimeError(f"{label}: a second backward pass made a grad before step() took "
+                               "the first, which was released to the optimizer; set "
+                               "opt.accumulating = True for the passes that accumulate")
         _capi.call("tf_adam_grad_ready", self._adam, i, g.data_ptr(), _stream(self._device))
+        if self._releases(p):
+            self._release(i, p, g)
+
+    # --- release_grads: an announced grad freed once the optimizer has its copy -----------
+    def _releases(self, p) -> bool:
+        """Whether p's announced grad is freed: release_grads=None frees the grads of weights
+        that offload_parameters moved into a tier, on CUDA (their grads would fill HBM)."""
+        release = self._options.get("release_grads")
+        if release is None:
+            return p.device.type == "cuda" and hasattr(p, "_tierflow_home")
+        return release
+
+    def _release(self, i: int, p, g) -> None:
+        if self._copy_stream is None:
+            native, copies = ctypes.c_void_p(), ctypes.c_int(0)
+            _capi.call("tf_adam_grad_copy_stream", self._adam, ctypes.byref(native),
+                       ctypes.byref(copies))
+            stream = None
+            if native.value is not None and self._device.type == "cuda":
+                stream = torch.cuda.ExternalStream(native.value, device=self._device)
+            self._copy_stream = (stream, copies.value == 1)
+        stream, copies = self._copy_stream
+        if not copies:
+            return  # streamed mode: the step reads the grads itself
+        if stream is not None:
+            g.record_stream(stream)  # the allocator reuses it after the optimizer's copy
+        else:
+            self._keep.append(g)  # the emulated device copies on its own threads
+        self._released[i] = g.data_ptr()
+        self._lost.discard(i)
+        p.grad = None
 
     def _flat(self):
         """(group, flat index, param) over every group, in state_dict order."""
@@ -289,6 +341,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         if self._adam is not None and key == self._layout_key:
             return
         device = self._check_all()
+        if self._released:
+            raise RuntimeError(f"the optimizer's params changed after the backward pass released "
+                               f"{len(self._released)} grads to it: call step() (or zero_grad()) "
+                               "before changing the params or their groups")
         carried = {}
         if self._adam is not None:
             carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
@@ -303,6 +359,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
         self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
+        self._copy_stream = None
+        self._lost.clear()
         self._hypers = {}
         for i, (_, p) in enumerate(entries):
             if id(p) in carried:
@@ -400,6 +458,15 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         any_grad = False
         for i, (_, p) in enumerate(self._entries):
             g = p.grad
+            if g is None and i in self._released:
+                grads[i] = self._released[i]  # the optimizer reads its own copy
+                any_grad = True
+                continue
+            if g is None and i in self._lost:
+                label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+                raise RuntimeError(f"{label}: its grad was released to the optimizer, and the step "
+                                   "that should have used it failed: run the backward pass again "
+                                   "(or zero_grad() to step without it)")
             if g is None or not p.requires_grad:
                 continue
             if (g.layout == torch.strided and g.dtype == p.dtype and g.shape == p.shape
@@ -442,13 +509,24 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         try:
             _capi.call("tf_adam_step_on", self._adam, grads, len(self._entries),
                        _stream(self._device), ctypes.byref(applied), ctypes.byref(norm))
+        except BaseException:
+            self._lost.update(self._released)  # the next step must not read freed grads
+            raise
         finally:
             self.last_step_applied = applied.value == 1
+            self._released.clear()
+        self._keep.clear()  # the step waited for every copy
         self.last_grad_norm = norm.value
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's zero_grad; grads announced to the optimizer (overlap) are discarded too."""
         super().zero_grad(set_to_none=set_to_none)
+        if self._adam is not None and self._options.get("overlap", "none") != "none":
+            _capi.call("tf_adam_discard_grads", self._adam)
+            self._keep.clear()
+        self._released.clear()
+        self._lost.clear()
 
     def state_dict(self) -> dict:
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
@@ -545,7 +623,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """Frees the C optimizer (the next call that needs it makes a fresh one)."""
         adam, self._adam = getattr(self, "_adam", None), None
         if adam is not None and _capi is not None:
-            _capi.lib.tf_adam_destroy(adam)
+            _capi.lib.tf_adam_destroy(adam)  # waits for its copies: then the grads may go
+        if hasattr(self, "_keep"):
+            self._keep.clear()
+            self._released.clear()
 
     def __del__(self):
         self.close()
@@ -556,7 +637,17 @@ class OffloadAdamW(_OffloadAdamBase):
 
     Args beyond torch's: ``max_grad_norm`` (global grad-norm clipping in the step; the norm in
     ``last_grad_norm``), ``mode`` (``"auto"``, ``"cpu"`` or ``"streamed"``), ``placement`` (a
-    spec as TIERFLOW_PLACEMENT takes), ``chunk_elements`` and ``threads``.
+    spec as TIERFLOW_PLACEMENT takes), ``chunk_elements``, ``threads``, ``overlap``
+    (``"none"``, ``"backward"``: each param's update starts as soon as autograd has its grad;
+    ``"backward_publish"``: and its new values are written then) and ``release_grads``.
+
+    ``release_grads`` (with an overlap, cpu mode): once a grad is announced, the optimizer has
+    its own host copy, and the param's ``.grad`` is freed (set to None; on CUDA the memory goes
+    back to torch's allocator after the copy). ``None`` (the default) does so for the weights
+    ``offload_parameters`` moved into a tier, on CUDA, whose grads would otherwise fill HBM;
+    ``True`` for every param; ``False`` for none. A freed grad is not in ``.grad``: clip with
+    ``max_grad_norm``, not ``torch.nn.utils.clip_grad_norm_``; ``zero_grad()`` discards it; a
+    step that fails loses it (the next step() asks for a new backward pass).
     """
 
     _torch_class = torch.optim.AdamW

@@ -164,6 +164,14 @@ int main(int argc, char** argv) {
   CHECK(tf_adam_grad_ready(adam, 2, NULL, NULL) == TF_ERR_INVALID_ARGUMENT);
   CHECK(strstr(tf_last_error(), "out of range") != NULL);
   CHECK(tf_adam_grad_ready(NULL, 0, NULL, NULL) == TF_ERR_INVALID_ARGUMENT);
+  /* cpu mode with overlap: announced grads are copied; the emulated device names no stream. */
+  void* copy_stream = &copy_stream;
+  int copies = -1;
+  CHECK(tf_adam_grad_copy_stream(adam, &copy_stream, &copies) == TF_OK);
+  CHECK(copies == 1 && copy_stream == NULL);
+  CHECK(tf_adam_grad_copy_stream(adam, NULL, &copies) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(tf_adam_discard_grads(NULL) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(tf_adam_discard_grads(adam) == TF_OK); /* nothing announced: a no-op */
   int current = -1;
   CHECK(tf_adam_sync_params(adam, &current) == TF_OK && current == 1);
   CHECK(tf_adam_sync_params(NULL, &current) == TF_ERR_INVALID_ARGUMENT);
