@@ -15,8 +15,11 @@ Writes report.html (SVG plots), metrics.json and trace.json (Perfetto) to --out.
 --overlap backward starts each param's Adam update as soon as its grad is final in the backward
 pass (OffloadAdamW(overlap="backward")); backward_publish also writes each offloaded weight's
 new values into its host tier then, not in step(); the summary prints the step() time left
-after the backward pass either way. Default none: at this size the step is a few ms against a second of
-forward + backward here, so overlap gains nothing measurable (BENCHMARKS.md, issue 25).
+after the backward pass either way. Default auto: backward_publish on a GPU, where it also frees
+each offloaded weight's grad as soon as the optimizer has its host copy (so HBM never holds the
+whole model's grads; the summary prints torch's HBM peak against the resident run's), and none
+on the CPU, where the step is a few ms against a second of forward + backward, so overlap gains
+nothing measurable (BENCHMARKS.md, issue 25).
 """
 import argparse
 import copy
@@ -164,6 +167,23 @@ def summarize(m, adam, state_tiers, budget, steps, args):
     ]
 
 
+def hbm_mark(device):
+    """What torch's allocator holds on the GPU now (0 on the CPU); its peak counts from here."""
+    if device != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def hbm_peak_above(device, base):
+    """torch's allocator peak on the GPU since hbm_mark, above its base (None on the CPU)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=16)
@@ -174,9 +194,11 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--overlap", choices=("none", "backward", "backward_publish"), default="none",
+    p.add_argument("--overlap", choices=("auto", "none", "backward", "backward_publish"),
+                   default="auto",
                    help="backward: each param's Adam update starts as soon as its grad is final "
-                   "(OffloadAdamW(overlap=...)); default none (no measurable gain at this size)")
+                   "(OffloadAdamW(overlap=...)); auto (default): backward_publish on a GPU (it "
+                   "frees the offloaded weights' grads early), none on the CPU")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--out", default="tierflow-torch")
     args = p.parse_args()
@@ -201,6 +223,8 @@ def main():
     args = parse_args()
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.overlap == "auto":
+        args.overlap = "backward_publish" if device == "cuda" else "none"
     train_text, val_text, files = corpus()
     data = (train_text, val_text)
     model = Decoder(args.layers, args.width, args.context).to(device)
@@ -216,7 +240,9 @@ def main():
           f"learning {len(train_text) / 1e3:.0f} kB of Debian's licence texts ({files} files; "
           f"{len(val_text) / 1e3:.0f} kB held out); {weights / 2**20:.1f} MiB of weights, "
           f"HBM staging budget {budget / 2**20:.2f} MiB", flush=True)
+    base = hbm_mark(device)
     losses, steps = train(model, opt, data, args, device, handle, log=True)
+    hbm_peak = hbm_peak_above(device, base)
 
     m, adam, trace = handle.metrics(), opt.metrics()["adam"], handle.trace_json()
     state_tiers = adam_tiers(opt.where())
@@ -230,7 +256,16 @@ def main():
     if args.verify:
         ref = OffloadAdamW(plain.parameters(), lr=args.lr, weight_decay=0.01,
                            max_grad_norm=1.0, mode="cpu")
+        base = hbm_mark(device)
         ref_losses, ref_steps = train(plain, ref, data, args, device)
+        if hbm_peak is not None:
+            resident_weights = sum(q.numel() * q.element_size() for q in plain.parameters())
+            summary.append(
+                f"HBM during training (torch's allocator above what it held before: grads, "
+                f"activations): offloaded {hbm_peak / 2**20:.0f} MiB + "
+                f"{m['hbm_staging_peak_bytes'] / 2**20:.0f} MiB staging; resident "
+                f"{hbm_peak_above(device, base) / 2**20:.0f} MiB + "
+                f"{resident_weights / 2**20:.0f} MiB of weights")
         handle.remove()
         pairs = list(zip(model.parameters(), plain.parameters()))
         if device == "cpu":
