@@ -2,7 +2,9 @@
 
 torch.optim.Adam(W) keeps ``state[p] = {'step': tensor(float), 'exp_avg', 'exp_avg_sq'}``;
 tierflow keeps them in fp32 in its tiers, plus the fp32 master weights, which a state_dict
-carries as ``'master'`` for bf16/fp16 params only (an fp32 param is its own master).
+carries as ``'master'`` for bf16/fp16 params only (an fp32 param is its own master). For a
+DTensor param (FSDP2) all of it is this rank's shard: the C optimizer holds the local tensor's
+state, and a state_dict carries it as DTensors laid out like the param.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from tierflow import _capi
+from tierflow import _capi, _dtensor
 
 
 @dataclass
@@ -25,15 +27,22 @@ class ParamState:
     master: Optional[torch.Tensor] = None
 
     def to_torch(self, param: torch.Tensor) -> dict:
-        """torch's layout: shaped like the param, ``step`` a float32 scalar tensor."""
+        """torch's layout: shaped like the param (a DTensor like it for a DTensor param),
+        ``step`` a float32 scalar tensor."""
         out = {
             "step": torch.tensor(float(self.step)),
-            "exp_avg": self.exp_avg.view(param.shape),
-            "exp_avg_sq": self.exp_avg_sq.view(param.shape),
+            "exp_avg": _shaped(self.exp_avg, param),
+            "exp_avg_sq": _shaped(self.exp_avg_sq, param),
         }
         if self.master is not None:
-            out["master"] = self.master.view(param.shape)
+            out["master"] = _shaped(self.master, param)
         return out
+
+
+def _shaped(flat: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    if _dtensor.is_dtensor(param):
+        return _dtensor.like(param, flat)
+    return flat.view(param.shape)
 
 
 def _address(tensor: Optional[torch.Tensor]):
@@ -42,6 +51,7 @@ def _address(tensor: Optional[torch.Tensor]):
 
 def read(adam, index: int, param: torch.Tensor) -> ParamState:
     """Param ``index``'s state from the C optimizer (the master only for bf16/fp16)."""
+    param = _dtensor.local(param)
     n = param.numel()
     exp_avg = torch.empty(n, dtype=torch.float32)
     exp_avg_sq = torch.empty(n, dtype=torch.float32)
@@ -55,7 +65,7 @@ def read(adam, index: int, param: torch.Tensor) -> ParamState:
 def write(adam, index: int, param: torch.Tensor, state: Optional[ParamState]) -> None:
     """Replaces param ``index``'s state; None: fresh (zero moments, step 0). The master is
     written only when ``state`` has one, else re-read from the param."""
-    n = param.numel()
+    n = _dtensor.local(param).numel()
     if state is None:
         zeros = torch.zeros(n, dtype=torch.float32)
         state = ParamState(0, zeros, zeros)
@@ -66,11 +76,15 @@ def write(adam, index: int, param: torch.Tensor, state: Optional[ParamState]) ->
 
 
 def _flat_f32(value, name: str, param: torch.Tensor, label: str) -> torch.Tensor:
+    """The state tensor ``value`` as flat fp32 on the CPU; for a DTensor param, ``value`` is a
+    DTensor (its local tensor is taken) or a plain tensor of this rank's shard."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{label}: state '{name}' is a {type(value).__name__}, not a tensor")
-    if value.numel() != param.numel():
+    value, shard = _dtensor.local(value), _dtensor.local(param)
+    if value.numel() != shard.numel():
+        whose = "this rank's shard of the param" if shard is not param else "the param"
         raise ValueError(
-            f"{label}: state '{name}' has {value.numel()} elements, the param {param.numel()}"
+            f"{label}: state '{name}' has {value.numel()} elements, {whose} {shard.numel()}"
         )
     flat = value.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
     if not bool(torch.isfinite(flat).all()):
@@ -86,7 +100,8 @@ def from_torch(param: torch.Tensor, state: dict, label: str) -> ParamState:
             raise ValueError(f"{label}: the loaded state has no '{key}'")
     if "max_exp_avg_sq" in state:
         raise ValueError(f"{label}: the loaded state is amsgrad's (max_exp_avg_sq)")
-    step = float(state["step"].item() if isinstance(state["step"], torch.Tensor) else state["step"])
+    step = state["step"]
+    step = float(_dtensor.local(step).item() if isinstance(step, torch.Tensor) else step)
     if not step >= 0 or step != int(step):
         raise ValueError(f"{label}: the loaded step {step} is not a count")
     exp_avg = _flat_f32(state["exp_avg"], "exp_avg", param, label)

@@ -8,7 +8,8 @@ held by the C library, not in ``opt.state``; ``state_dict()`` gathers it in torc
 Params on CUDA run on that GPU's tierflow CUDA device, ordered with
 ``torch.cuda.current_stream()``; params on CPU run on the emulated device, whose "device memory"
 is the tensors' own. The C optimizer is created at the first ``step()`` (or the first call that
-needs it) and again when the groups' membership changes, carrying the state over.
+needs it) and again when the groups' membership changes, carrying the state over. DTensor
+params (FSDP2's ``fully_shard``): each rank steps the shard it holds (see _dtensor.py).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from tierflow import _capi, _state
+from tierflow import _capi, _dtensor, _state
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "OffloadedParameters", "offload_parameters"]
 
@@ -68,20 +69,18 @@ def _label(param, index: int, group: int) -> str:
     return f"param {index} (group {group}, shape {shape}, {dtype})"
 
 
-def _is_dtensor(param) -> bool:
-    """A torch >= 2 DTensor (torch 1.13 has none)."""
-    return any(cls.__name__ == "DTensor" for cls in type(param).__mro__)
-
-
 def _check_param(param, label: str) -> None:
     """Refuses a param the step cannot run, naming it. @raises TypeError, ValueError"""
     if not isinstance(param, torch.Tensor):
         raise TypeError(f"{label}: optimizer can only optimize Tensors, not "
                         f"{type(param).__name__}")
-    if _is_dtensor(param):
-        raise TypeError(f"{label}: the param is a DTensor (FSDP2's fully_shard or tensor "
-                        "parallelism); tierflow steps plain tensors: shard with "
-                        "ZeroRedundancyOptimizer, see docs/distributed.md")
+    if _dtensor.is_dtensor(param):
+        layout = _dtensor.unsupported_layout(param)
+        if layout is not None:
+            raise TypeError(f"{label}: the param is a DTensor with {layout}; tierflow steps "
+                            "each rank's shard of FSDP2's Shard(0) on a 1-D mesh only, see "
+                            "docs/distributed.md")
+        param = _dtensor.local(param)  # the rest is about the storage this rank updates
     if param.layout != torch.strided:
         raise ValueError(f"{label}: sparse params are not supported ({param.layout})")
     if param.is_complex():
@@ -99,7 +98,7 @@ def _home(param) -> tuple:
     """(address, on host) of the memory the step updates: a weight offload_parameters moved
     into a tier is updated in its tier copy (host memory); any other param in place."""
     home = getattr(param, "_tierflow_home", None)
-    return (home, 1) if home is not None else (param.data_ptr(), 0)
+    return (home, 1) if home is not None else (_dtensor.local(param).data_ptr(), 0)
 
 
 def _check_group(group: dict, index: int) -> None:
@@ -126,6 +125,18 @@ def _torch_defaults(torch_class, **hyper) -> dict:
     """The defaults torch's own optimizer puts in each param group, in this torch version."""
     probe = torch_class([torch.zeros(1, requires_grad=True)], **hyper)
     return dict(probe.defaults)
+
+
+class _HeldState(defaultdict):
+    """``opt.state``: empty (the state lives in the C library) but true once the C optimizer
+    holds a stepped state, as a torch optimizer's state is then. torch.distributed.checkpoint's
+    get/set_optimizer_state_dict run one step with zero grads on an optimizer whose ``state``
+    is false (to create its state), which would advance this one's moments and step count."""
+
+    held = False
+
+    def __bool__(self):
+        return self.held or len(self) > 0
 
 
 class _OffloadAdamBase(torch.optim.Optimizer):
@@ -269,9 +280,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         i = self._entry_of.get(id(p))
         if self._adam is None or i is None:
             return  # the first step (no C optimizer yet): step() does it
-        g = p.grad
-        if (g is None or g.layout != torch.strided or g.dtype != p.dtype or g.shape != p.shape
-                or g.device != p.device or not g.is_contiguous()):
+        g, shard = _dtensor.grad(p), _dtensor.local(p)  # this rank's, for a DTensor
+        if (g is None or g.layout != torch.strided or g.dtype != shard.dtype
+                or g.shape != shard.shape or g.device != shard.device or not g.is_contiguous()):
             return  # step() checks it and says what is wrong
         if i in self._released:
             label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
@@ -349,12 +360,17 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         if self._adam is not None:
             carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
                        enumerate(self._entries)}
+        self._check_sharded()
         groups = [gi for gi, g in enumerate(self.param_groups)
-                  if any(p.numel() > 0 for p in g["params"])]
+                  if any(_dtensor.local(p).numel() > 0 for p in g["params"])]
+        if not groups and self._all_sharded():
+            self._hold_nothing(key)
+            return
         if not groups:
             raise ValueError("the optimizer has no param with elements")
         c_group = {gi: ci for ci, gi in enumerate(groups)}
-        entries = [(c_group[gi], p) for gi, _, p in self._flat() if p.numel() > 0]
+        entries = [(c_group[gi], p) for gi, _, p in self._flat()
+                   if _dtensor.local(p).numel() > 0]
         adam = self._create(device, entries, groups)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
@@ -369,6 +385,42 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                     _state.write(adam, i, p, state)
         self._layout_key = key
         self._record_versions()
+
+    def _all_sharded(self) -> bool:
+        """Every param is a DTensor (and there is one): FSDP2 may give a rank no row of any."""
+        flat = [p for _, _, p in self._flat()]
+        return bool(flat) and all(_dtensor.is_dtensor(p) for p in flat)
+
+    def _check_sharded(self) -> None:
+        """Refuses what a rank-local step gets wrong over DTensor shards. @raises ValueError"""
+        if self._options["max_grad_norm"] and any(_dtensor.is_dtensor(p)
+                                                  for _, _, p in self._flat()):
+            raise ValueError("max_grad_norm clips by the norm of this rank's shards, not the "
+                             "model's: with DTensor params (FSDP2) clip with "
+                             "torch.nn.utils.clip_grad_norm_ before step() instead")
+
+    def _hold_nothing(self, key) -> None:
+        """This rank holds no element of any (DTensor) param: no C optimizer, and step() has
+        nothing to do. State it held before (params that had rows here) is dropped."""
+        self.close()
+        self._device, self._entries, self._groups, self._entry_of = None, [], [], {}
+        self._hypers = {}
+        self._layout_key = key
+        self._record_versions()
+
+    def _mark_held(self) -> None:
+        """``self.state`` reads true from now on (see _HeldState)."""
+        if not isinstance(self.state, _HeldState):
+            self.state = _HeldState(dict, self.state)
+        self.state.held = True
+
+    def _built(self, what: str) -> None:
+        """_ensure_built, for a call that needs the C optimizer. @raises ValueError on a rank
+        that holds no element of any param (FSDP2 gave it only empty shards)"""
+        self._ensure_built()
+        if self._adam is None:
+            raise ValueError(f"{what}: this rank holds no element of any param (FSDP2 gave it "
+                             "only empty shards), so it has no tierflow state")
 
     def _hyper(self, group: dict) -> _capi.AdamHyper:
         beta1, beta2 = group["betas"]
@@ -386,7 +438,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             # without one).
             address, on_host = _home(p)
             params[i] = _capi.AdamParam(names[-1], address, None, _DTYPES[p.dtype],
-                                        p.numel(), ci, on_host)
+                                        _dtensor.local(p).numel(), ci, on_host)
         hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
                                                      for gi in groups])
         options = _capi.AdamOptions()
@@ -420,7 +472,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 self._hypers[ci] = values
 
     def _record_versions(self) -> None:
-        self._versions = [getattr(p, "_version", None) for _, p in self._entries]
+        self._versions = [_dtensor.version(p) for _, p in self._entries]
 
     def _refresh_changed(self) -> None:
         """Re-reads the masters of params changed outside the optimizer (an in-place write
@@ -428,7 +480,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         for i, (_, p) in enumerate(self._entries):
             if _home(p)[1]:
                 continue  # a weight in a tier changes only by the step
-            if getattr(p, "_version", None) != self._versions[i]:
+            if _dtensor.version(p) != self._versions[i]:
                 _capi.call("tf_adam_refresh_master", self._adam, i)
         self._record_versions()
 
@@ -449,15 +501,17 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 loaded[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)))
         for i, (p, state) in loaded.items():
             _state.write(self._adam, i, p, state)
-            self._versions[i] = getattr(p, "_version", None)
+            self._versions[i] = _dtensor.version(p)
         self.state.clear()
+        if any(state.step > 0 for _, state in loaded.values()):
+            self._mark_held()
 
     def _grads(self):
         """This step's grad pointers (None: no grad), checked before anything changes."""
         grads = (ctypes.c_void_p * len(self._entries))()
         any_grad = False
         for i, (_, p) in enumerate(self._entries):
-            g = p.grad
+            g, shard = _dtensor.grad(p), _dtensor.local(p)  # this rank's, for a DTensor
             if g is None and i in self._released:
                 grads[i] = self._released[i]  # the optimizer reads its own copy
                 any_grad = True
@@ -469,8 +523,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                                    "(or zero_grad() to step without it)")
             if g is None or not p.requires_grad:
                 continue
-            if (g.layout == torch.strided and g.dtype == p.dtype and g.shape == p.shape
-                    and g.device == p.device and g.is_contiguous()):
+            if (g.layout == torch.strided and g.dtype == shard.dtype and g.shape == shard.shape
+                    and g.device == shard.device and g.is_contiguous()):
                 grads[i] = g.data_ptr()
                 any_grad = True
                 continue
@@ -479,9 +533,9 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 raise ValueError(f"{label}: sparse grads are not supported")
             if g.dtype != p.dtype:
                 raise TypeError(f"{label}: the grad is {g.dtype}, the param {p.dtype}")
-            if g.shape != p.shape or g.device != p.device:
+            if g.shape != shard.shape or g.device != shard.device:
                 raise ValueError(f"{label}: the grad is {tuple(g.shape)} on {g.device}, the "
-                                 f"param {tuple(p.shape)} on {p.device}")
+                                 f"param {tuple(shard.shape)} on {shard.device}")
             raise ValueError(f"{label}: the grad is not contiguous")
         return grads, any_grad
 
@@ -517,6 +571,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             self._released.clear()
         self._keep.clear()  # the step waited for every copy
         self.last_grad_norm = norm.value
+        if self.last_step_applied:
+            self._mark_held()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -530,7 +586,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
-        ``master`` for bf16/fp16 params; params never stepped have no entry."""
+        ``master`` for bf16/fp16 params; params never stepped have no entry. For a DTensor
+        param (FSDP2) they are DTensors laid out like it, holding this rank's shard."""
         exported = defaultdict(dict)
         if self._adam is not None or any(self.state.values()):
             self._ensure_built()
@@ -571,7 +628,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         loaded = {}
         for key, value in state_dict["state"].items():
             p = id_map.get(key)
-            if p is not None and p.numel() > 0:
+            if p is not None and _dtensor.local(p).numel() > 0:
                 loaded[id(p)] = _state.from_torch(p, value, _label(p, where[id(p)][1],
                                                                    where[id(p)][0]))
         self.param_groups = new_groups
@@ -579,11 +636,13 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         for i, (_, p) in enumerate(self._entries):
             _state.write(self._adam, i, p, loaded.get(id(p)))
         self._record_versions()
+        if any(state.step > 0 for state in loaded.values()):
+            self._mark_held()
 
     # --- tierflow's own -----------------------------------------------------------------
     def save(self, path) -> None:
         """Writes the state to tierflow's CRC-checked file (atomically)."""
-        self._ensure_built()
+        self._built("save()")
         self._push_hypers()
         _capi.call("tf_adam_save", self._adam, os.fsencode(path))
 
@@ -591,18 +650,19 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """Reads a file written by save() for the same params; a corrupted or mismatched file
         raises tierflow.InputError with the state untouched. The hyper-parameters stay those
         of param_groups (restore an lr scheduler's own state_dict beside it)."""
-        self._ensure_built()
+        self._built("load()")
         _capi.call("tf_adam_load", self._adam, os.fsencode(path))
         self._record_versions()
+        self._mark_held()
 
     def metrics(self) -> dict:
         """The C optimizer's metrics: ``{"schema_version": 1, "adam": {...}}``."""
-        self._ensure_built()
+        self._built("metrics()")
         return _capi.json_call("tf_adam_metrics_json", self._adam)
 
     def where(self) -> dict:
         """Which NUMA nodes (and tiers) hold the state's pages."""
-        self._ensure_built()
+        self._built("where()")
         return _capi.json_call("tf_adam_where_json", self._adam)
 
     @property
