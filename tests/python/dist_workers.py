@@ -196,19 +196,37 @@ def scenario_fsdp(rank, world, port, args):
     dist.destroy_process_group()
 
 
-def scenario_fully_shard(rank, world, port, args):
-    """torch >= 2's fully_shard gives DTensor params: OffloadAdamW refuses them by name."""
+def dtensor_api():
+    """(init_device_mesh, distribute_tensor, Replicate, Shard) of torch >= 2.2 (DTensor in
+    torch.distributed.tensor from 2.5, torch.distributed._tensor before), or None."""
     try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:
-        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed.device_mesh import init_device_mesh
+        try:
+            from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        except ImportError:
+            from torch.distributed._tensor import Replicate, Shard, distribute_tensor
+    except Exception:  # noqa: BLE001 -- torch 1.13 has neither
+        return None
+    return init_device_mesh, distribute_tensor, Replicate, Shard
+
+
+def scenario_dtensor_refusals(rank, world, port, args):
+    """DTensor params laid out other than FSDP2's Shard(0) on a 1-D mesh are refused, naming
+    the param and the layout: Replicate, Shard(1), and a 2-D mesh (HSDP's)."""
+    init_device_mesh, distribute_tensor, Replicate, Shard = dtensor_api()
     init(rank, world, port)
-    net = model(args["seed"])
-    fully_shard(net)
-    try:
-        OffloadAdamW(net.parameters(), **HYPER)
-    except TypeError as e:
-        assert "DTensor" in str(e) and "docs/distributed.md" in str(e), e
-    else:
-        raise AssertionError("OffloadAdamW took DTensor params")
+    torch.manual_seed(args["seed"])
+    flat = init_device_mesh("cpu", (world,))
+    square = init_device_mesh("cpu", (1, world), mesh_dim_names=("replicate", "shard"))
+    cases = [(flat, [Replicate()], "placement Replicate"), (flat, [Shard(1)], "placement Shard"),
+             (square, [Replicate(), Shard(0)], "on a 2-D mesh")]
+    for mesh, placements, named in cases:
+        param = nn.Parameter(distribute_tensor(torch.randn(4, 6), mesh, placements))
+        try:
+            OffloadAdamW([param], **HYPER)
+        except TypeError as e:
+            assert "param 0 (group 0, shape (4, 6)" in str(e) and named in str(e), e
+            assert "DTensor" in str(e) and "docs/distributed.md" in str(e), e
+        else:
+            raise AssertionError(f"OffloadAdamW took a DTensor param with {placements}")
     dist.destroy_process_group()
