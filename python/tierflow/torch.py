@@ -404,6 +404,8 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         nothing to do. State it held before (params that had rows here) is dropped."""
         self.close()
         self._device, self._entries, self._groups, self._entry_of = None, [], [], {}
+        self._copy_stream = None
+        self._lost.clear()
         self._hypers = {}
         self._layout_key = key
         self._record_versions()
