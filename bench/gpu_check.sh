@@ -277,8 +277,9 @@ done
 # ---- tests, benchmarks, the demo ------------------------------------------------------------
 if [[ $no_gpu -eq 0 ]]; then
   step ctest_cuda 120 ctest --test-dir "$build_dir" -L cuda --output-on-failure
-  # tierflow.torch on CUDA (the machine's python3 with its torch 2.x): the CUDA tests run here.
-  step torch_cuda 120 env PYTHONPATH="$build_dir/python" python3 -m pytest "$here/tests/python" \
+  # tierflow.torch on CUDA (the machine's python3 with its torch 2.x): the CUDA tests and the
+  # FSDP2 ones (two 2-rank gloo spawns, torch >= 2.4) run here.
+  step torch_cuda 180 env PYTHONPATH="$build_dir/python" python3 -m pytest "$here/tests/python" \
     -q -rs -p no:cacheprovider
   step device_bench 60 "$device_bench" --device cuda --samples 7 --copy-mib 256
   step bench 60 "$cli" bench --device cuda --case h2d_,d2h_,bidir_,adam_ --link-mib 128 \
@@ -317,7 +318,7 @@ if [[ $no_gpu -eq 0 ]]; then
     --steps 12 --eval-every 6 --verify --out "$out/torch-main"
   # The whole suite with the time left (the cuda tests ran above; the VM test needs QEMU and
   # the dry run of this script is CI's).
-  step ctest_all 400 ctest --test-dir "$build_dir" -j "$jobs" -LE 'cuda|vm|script' \
+  step ctest_all 340 ctest --test-dir "$build_dir" -j "$jobs" -LE 'cuda|vm|script' \
     --output-on-failure --timeout 120
 else
   step demo 30 "$cli" demo --device emulated "${model[@]}" --samples 64 --steps 20 --window "$window" \
