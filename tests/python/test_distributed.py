@@ -2,7 +2,6 @@
 under DistributedDataParallel against a single-process AdamW, checkpoint and resume (same and
 another rank count), rank-local placement, gathered metrics, a rank that dies. The ranks run in
 dist_workers.py; one spawn per scenario."""
-import os
 import time
 
 import pytest
@@ -17,13 +16,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is not available")
 
 STEPS, K = 8, 4
-
-
-@pytest.fixture(scope="module")
-def dist_seed():
-    value = int(os.environ.get("TIERFLOW_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"seed {value} (rerun with TIERFLOW_TEST_SEED={value})")
-    return value
 
 
 @pytest.fixture(scope="module")

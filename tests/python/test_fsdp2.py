@@ -33,13 +33,6 @@ pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 STEPS, K = 6, 3
 
 
-@pytest.fixture(scope="module")
-def dist_seed():
-    value = int(os.environ.get("TIERFLOW_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-    print(f"seed {value} (rerun with TIERFLOW_TEST_SEED={value})")
-    return value
-
-
 def _spawn(scenario, seed, tmp_path):
     args = {"seed": seed, "steps": STEPS, "k": K, "dir": str(tmp_path),
             "skip": str(tmp_path / "skip.txt")}
