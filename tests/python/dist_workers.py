@@ -82,11 +82,15 @@ def train(ddp, opt, data, rank, world, start, stop):
         opt.step()
 
 
-def assert_params(net, expected, what):
+def assert_params(net, expected, what, tolerance=5e-5):
+    """Within `tolerance` of each param's scale: DDP averages the ranks' grads of their chunks,
+    which differ from the whole batch's by rounding, and Adam's first steps (m / sqrt(v) near
+    +-1 where a grad is tiny) carry that into the weights: seen up to 1.4e-5 with 3 ranks."""
     for i, (p, q) in enumerate(zip(net.parameters(), expected)):
         scale = max(float(q.abs().max()), 1e-12)
         err = float((p.detach() - q).abs().max())
-        assert err <= 1e-5 * scale, f"{what}: param {i} max error {err:.3g} > 1e-5 * {scale:.3g}"
+        assert err <= tolerance * scale, \
+            f"{what}: param {i} max error {err:.3g} > {tolerance} * {scale:.3g}"
 
 
 def zero(net, placement=None):
