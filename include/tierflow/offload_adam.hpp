@@ -309,6 +309,9 @@ class offload_adam {
    *  next step() reads the grads set then. A no-op when none was announced.
    *  @throws busy_error while another call on this optimizer runs */
   void discard_grads();
+  /** @brief Whether grad_ready() copies each announced grad to the host (cpu mode with an
+   *  overlap): step() then reads that copy, never the grad's memory again. */
+  [[nodiscard]] bool copies_announced_grads() const noexcept;
 
   /**
    * @brief Re-sends the params from the master weights when a failed call left the device

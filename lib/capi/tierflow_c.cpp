@@ -29,7 +29,6 @@ struct tf_adam {
   std::unique_ptr<tierflow::offload_adam> opt;
   std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
   std::vector<std::vector<std::size_t>> elements;          // per group, per param
-  bool overlap = false;  // options.overlap != 0: tf_adam_grad_ready copies grads (cpu mode)
   // One C call at a time (tf_adam_grad_ready shared): calls made of several C++ calls
   // (tf_adam_step_on, tf_adam_get_state) are refused whole, before the first changes anything.
   mutable tierflow::detail::call_gate gate;
@@ -291,7 +290,6 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
                                     tierflow::adam_overlap::backward_publish};
       o.overlap = overlaps[static_cast<std::size_t>(options->overlap)];
     }
-    a->overlap = o.overlap != tierflow::adam_overlap::none;
     a->dev = device->dev;
     a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
     *out = a.release();
@@ -474,7 +472,7 @@ tf_status tf_adam_grad_copy_stream(const tf_adam* adam, void** stream, int* copi
     need(stream, "stream");
     need(copies, "copies");
     *stream = adam->dev->d2h_stream().native_handle();
-    *copies = adam->overlap && adam->opt->mode() == tierflow::adam_mode::cpu ? 1 : 0;
+    *copies = adam->opt->copies_announced_grads() ? 1 : 0;
   });
 }
 

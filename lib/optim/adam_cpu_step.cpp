@@ -90,8 +90,6 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   stream& h2d = core_.dev.h2d_stream();
   const auto grads_start = clock_type::now();
   const step_deadline deadline = deadline_after(core_.options.device_timeout_s);
-  // What grad_ready() started (overlap = backward): its copies, sums and updates, finished
-  // first; on a failure it has restored every chunk it updated.
   if (speculation_ != nullptr && speculation_->take_lost()) {
     throw adam_step_error(
         "offload_adam::step (cpu mode): copying the grads given by grad_ready() failed before "
@@ -99,6 +97,8 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
         "the grads again (run the backward pass) and call step()",
         adam_step_error::outcome::not_applied);
   }
+  // What grad_ready() started (overlap = backward): its copies, sums and updates, finished
+  // first; on a failure it has restored every chunk it updated.
   adam_speculation* const spec =
       speculation_ != nullptr && speculation_->any() ? speculation_ : nullptr;
   if (spec != nullptr) {

@@ -232,24 +232,18 @@ void adam_speculation::cancel() noexcept {
   if (!any_) {
     return;
   }
-  bool failed = false;
-  for (auto& [node, pool] : pools_) {
+  const std::exception_ptr failure = running_ ? wait_all(pools_) : nullptr;
+  running_ = false;
+  roll_back_all();
+  if (failure) {
     try {
-      if (running_) {
-        pool->wait();
-      }
+      std::rethrow_exception(failure);
     } catch (const std::exception& e) {
-      failed = true;
       log(log_level::debug,
           std::string("offload_adam: speculation cancelled after a failure: ") + e.what());
     } catch (...) {
-      failed = true;
       log(log_level::debug, "offload_adam: speculation cancelled after a failure");
     }
-  }
-  running_ = false;
-  roll_back_all();
-  if (failed) {
     end_step();  // the grads' copies may not have landed, and their memory may be gone
     lost_ = true;
     core_.settle_device();  // as a failed step does: the next one starts on a healthy device

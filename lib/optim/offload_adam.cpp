@@ -424,6 +424,10 @@ void offload_adam::discard_grads() {
   }
 }
 
+bool offload_adam::copies_announced_grads() const noexcept {
+  return impl_->speculation != nullptr;
+}
+
 void offload_adam::set_state(std::size_t group, std::size_t param, const float* master,
                              const float* exp_avg, const float* exp_avg_sq, std::size_t elements,
                              std::uint64_t steps) {

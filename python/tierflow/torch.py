@@ -101,6 +101,11 @@ def _home(param) -> tuple:
     return (home, 1) if home is not None else (_dtensor.local(param).data_ptr(), 0)
 
 
+def _holds_elements(param) -> bool:
+    """Whether this process holds any element of ``param`` (a DTensor's shard may be empty)."""
+    return _dtensor.local(param).numel() > 0
+
+
 def _check_group(group: dict, index: int) -> None:
     """Refuses hyper-parameters or flags the step cannot run. @raises ValueError"""
     where = f"group {index}"
@@ -285,7 +290,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 or g.shape != shard.shape or g.device != shard.device or not g.is_contiguous()):
             return  # step() checks it and says what is wrong
         if i in self._released:
-            label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+            label = self._label_of(p)
             raise RuntimeError(f"{label}: a second backward pass made a grad before step() took "
                                "the first, which was released to the optimizer; set "
                                "opt.accumulating = True for the passes that accumulate")
@@ -321,6 +326,10 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         self._released[i] = g.data_ptr()
         self._lost.discard(i)
         p.grad = None
+
+    def _label_of(self, p) -> str:
+        """The label of optimizer param ``p`` (one of the groups' params), for an error."""
+        return next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
 
     def _flat(self):
         """(group, flat index, param) over every group, in state_dict order."""
@@ -362,7 +371,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                        enumerate(self._entries)}
         self._check_sharded()
         groups = [gi for gi, g in enumerate(self.param_groups)
-                  if any(_dtensor.local(p).numel() > 0 for p in g["params"])]
+                  if any(_holds_elements(p) for p in g["params"])]
         if not groups and self._all_sharded():
             self._hold_nothing(key)
             return
@@ -370,7 +379,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
             raise ValueError("the optimizer has no param with elements")
         c_group = {gi: ci for ci, gi in enumerate(groups)}
         entries = [(c_group[gi], p) for gi, _, p in self._flat()
-                   if _dtensor.local(p).numel() > 0]
+                   if _holds_elements(p)]
         adam = self._create(device, entries, groups)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
@@ -519,7 +528,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 any_grad = True
                 continue
             if g is None and i in self._lost:
-                label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+                label = self._label_of(p)
                 raise RuntimeError(f"{label}: its grad was released to the optimizer, and the step "
                                    "that should have used it failed: run the backward pass again "
                                    "(or zero_grad() to step without it)")
@@ -530,7 +539,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 grads[i] = g.data_ptr()
                 any_grad = True
                 continue
-            label = next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+            label = self._label_of(p)
             if g.layout != torch.strided:
                 raise ValueError(f"{label}: sparse grads are not supported")
             if g.dtype != p.dtype:
@@ -630,7 +639,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         loaded = {}
         for key, value in state_dict["state"].items():
             p = id_map.get(key)
-            if p is not None and _dtensor.local(p).numel() > 0:
+            if p is not None and _holds_elements(p):
                 loaded[id(p)] = _state.from_torch(p, value, _label(p, where[id(p)][1],
                                                                    where[id(p)][0]))
         self.param_groups = new_groups
