@@ -111,6 +111,10 @@ struct adam_param {
    * streams in): the step writes the update there directly, with no H2D. cpu mode only; the
    * grad is still a device pointer. */
   bool param_on_host = false;
+  /** The index of a weight of the session that makes the optimizer (session::make_optimizer):
+   * `param` is then that weight's tier copy and `param_on_host` true. An optimizer made
+   * without a session refuses a param that names one. */
+  std::optional<std::size_t> weight{};
 };
 
 /** @brief Parameters sharing hyper-parameters and a step count. */
@@ -170,6 +174,24 @@ struct adam_options {
    * `backward_publish` also writes (or sends up) each param as soon as its update is done, so
    * that step() has only the last updates and their params left. */
   adam_overlap overlap = adam_overlap::none;
+};
+
+/**
+ * @brief What the owner of params' memory checks before the optimizer writes it (a session,
+ * whose scheduler may still read a weight's tier copy). The optimizer calls it inside the
+ * call it guards (so it must not call the optimizer); an exception it throws refuses that
+ * call, nothing changed.
+ */
+class param_write_guard {
+ public:
+  virtual ~param_write_guard() = default;
+  /** @brief Before a call that may write any param in host memory: step(), sync_params(),
+   * load(), save() and the state accessors (which restore what grad_ready() updated). */
+  virtual void before_writes() = 0;
+  /** @brief Whether grad_ready()'s update of @p param (host memory) may write it now, before
+   * step() (overlap backward_publish); false: the new values wait for step(). May run on any
+   * thread, concurrently with the owner's own calls. */
+  virtual bool may_write_now(const void* param) = 0;
 };
 
 /** @brief A step() that a device failure interrupted, and what became of the step. */
@@ -266,6 +288,10 @@ class offload_adam {
   ~offload_adam();
   offload_adam(const offload_adam&) = delete;
   offload_adam& operator=(const offload_adam&) = delete;
+
+  /** @brief Installs @p guard (nullptr: none), which must outlive the optimizer or be removed
+   * first; the session installs itself. Not to be called while another call is in progress. */
+  void set_write_guard(param_write_guard* guard) noexcept;
 
   /**
    * @brief One optimizer step over every group.

@@ -70,8 +70,9 @@ enum class window_unit {
 
 /** @brief How a prefetch_scheduler stages. */
 struct scheduler_options {
-  /** HBM the scheduler may use: resident buffers plus staging slots (> 0). It must hold the
-   * resident buffers plus the largest step. */
+  /** HBM the scheduler may use: resident buffers plus staging slots. It must hold the
+   * resident buffers plus the largest step. 0: default_hbm_budget(plan, options), the one
+   * default every caller (the C ABI, the session, the streamed Adam step) uses. */
   std::uint64_t hbm_budget_bytes = 0;
   std::uint64_t window = 2;  ///< W, in `unit`; 0 = no prefetch (each step fetched at acquire)
   window_unit unit = window_unit::steps;
@@ -241,6 +242,13 @@ class prefetch_scheduler {
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+/** @brief The HBM budget a scheduler takes when options.hbm_budget_bytes is 0: the resident
+ * buffers plus window + 2 slots of the plan's largest step (the window ahead, the step running
+ * and the one whose slots are being released; a byte window: its bytes plus two such slots),
+ * every buffer rounded up to options.alignment. @throws tierflow::error when it overflows */
+[[nodiscard]] std::uint64_t default_hbm_budget(const schedule_plan& plan,
+                                               const scheduler_options& options);
 
 /** @brief The stable name of a window unit (`steps`, `bytes`). */
 [[nodiscard]] std::string_view to_string(window_unit unit) noexcept;

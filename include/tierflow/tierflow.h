@@ -268,7 +268,7 @@ typedef struct tf_sched_step {
 } tf_sched_step;
 
 typedef struct tf_sched_options {
-  unsigned long long hbm_budget_bytes; /* 0: room for window + 1 of the largest step */
+  unsigned long long hbm_budget_bytes; /* 0: the scheduler's default (default_hbm_budget) */
   unsigned long long window;           /* steps prefetched ahead (0: fetched at acquire) */
   int adaptive;                        /* 1: the window adapts to stalls, within the budget */
   int trace;                           /* 1: record a Perfetto trace (tf_scheduler_trace_json) */
@@ -317,6 +317,81 @@ tf_status tf_scheduler_trace_json(tf_scheduler* scheduler, char* buffer, size_t 
  * whose memory the caller gave). */
 tf_status tf_scheduler_where_json(const tf_scheduler* scheduler, char* buffer, size_t capacity,
                                   size_t* needed);
+
+/* --- The session: one object a trainer holds ------------------------------------------------
+ * It discovers the topology and builds the placement once, holds the cold weights of a model in
+ * blocks (their tier copies in a host tier) and streams them through HBM, forward over the
+ * blocks and then backward over them in reverse, and makes the optimizer that updates them in
+ * their tier copies. The optimizer never writes a tier copy the scheduler may still read: any
+ * call on it that writes (tf_adam_step*, tf_adam_set_state, tf_adam_load, ...) first ends an
+ * open pass; a grad announced during the backward pass is published early only once the pass
+ * has reached its block. Drive a session from one thread (tf_adam_grad_ready on its optimizer
+ * may come from others). See include/tierflow/session.hpp. */
+typedef struct tf_session tf_session;
+
+typedef struct tf_session_weight {
+  const char* name; /* unique (NULL: made up) */
+  size_t bytes;     /* > 0 */
+  void* data;       /* its tier copy (host memory that outlives the session), or NULL: the session
+                     * allocates it in a host tier (tf_session_weight_host) */
+} tf_session_weight;
+
+typedef struct tf_session_options {
+  unsigned long long hbm_budget_bytes; /* 0: the scheduler's default */
+  unsigned long long window;           /* blocks staged ahead */
+  int adaptive;                        /* 1: the window adapts to stalls, within the budget */
+  int trace;                           /* 1: record a Perfetto trace (tf_session_trace_json) */
+  const char* placement;               /* as in tf_adam_options; NULL: TIERFLOW_PLACEMENT */
+} tf_session_options;
+
+void tf_session_options_default(tf_session_options* options);
+/* Discovers the topology and builds the placement. The device lives as long as the session. */
+tf_status tf_session_create(tf_device* device, const tf_session_options* options, tf_session** out);
+/* Ends an open pass and frees what it holds; optimizers made in it keep it alive until they
+ * are destroyed. */
+void tf_session_destroy(tf_session* session);
+/* The weight plan, once: weights[] lists the blocks' weights block after block; block_sizes[b]
+ * is block b's count (> 0). Weight indices are positions in weights[]. */
+tf_status tf_session_set_blocks(tf_session* session, const tf_session_weight* weights,
+                                const size_t* block_sizes, size_t block_count);
+/* Weight `weight`'s tier copy (host memory; read or write it only while no pass is open). */
+tf_status tf_session_weight_host(const tf_session* session, size_t weight, void** out);
+/* Stages block `block` (backward 0: the forward pass; 1: the backward pass), releasing the block
+ * held, and gives its weights' HBM pointers in pointers[0 .. count-1] (count = its weights).
+ * Blocks skipped go by in order; a block behind the pass starts a new one. stream as in
+ * tf_scheduler_acquire. */
+tf_status tf_session_acquire(tf_session* session, size_t block, int backward, void* stream,
+                             void** pointers, size_t count);
+/* Ends the block held once the work enqueued on `stream` is done (a no-op when none is held);
+ * block 0's backward ends the pass. */
+tf_status tf_session_release(tf_session* session, void* stream);
+/* Ends the pass (a forward pass without backward, an exception halfway): nothing stays staged or
+ * in flight. A no-op when no pass is open. */
+tf_status tf_session_end_pass(tf_session* session);
+/* {"schema_version":N,"scheduler":{...},"passes":N,"pass_open":0|1}. */
+tf_status tf_session_metrics_json(tf_session* session, char* buffer, size_t capacity,
+                                  size_t* needed);
+tf_status tf_session_trace_json(tf_session* session, char* buffer, size_t capacity, size_t* needed);
+/* Where the weights' tier copies live, as tf_scheduler_where_json. */
+tf_status tf_session_where_json(const tf_session* session, char* buffer, size_t capacity,
+                                size_t* needed);
+/* weights[i] of tf_session_adam_create for a param that is not a session weight. */
+#define TF_NO_WEIGHT ((size_t)-1)
+/* An optimizer in the session: as tf_adam_create on the session's device and placement (the
+ * options' placement is refused: the session's holds). weights (may be NULL: none) has `count`
+ * entries: weights[i] is the session weight param i is (its tier copy is updated in place:
+ * params[i].param and param_on_host are ignored), or TF_NO_WEIGHT. Destroy it with
+ * tf_adam_destroy; it keeps the session alive. */
+tf_status tf_session_adam_create(tf_session* session, const tf_adam_param* params, size_t count,
+                                 const size_t* weights, const tf_adam_hyper* hypers, size_t groups,
+                                 const tf_adam_options* options, tf_adam** out);
+
+/* The machine's memory topology as JSON, discovered now (session NULL) or the one a session
+ * discovered: {"initiator_node":N,"tiers":[{"name","kind","nodes":[..],"capacity_bytes",
+ * "free_bytes","nearest_gpus":[..]},...],"nodes":[{"id","tier","kind","cpus":N,"why"},...],
+ * "gpus":[{"index","numa_node"},...]}. */
+tf_status tf_topology_json(const tf_session* session, char* buffer, size_t capacity,
+                           size_t* needed);
 
 #ifdef __cplusplus
 }

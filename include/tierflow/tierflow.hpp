@@ -19,6 +19,7 @@
 #include "tierflow/pool_resource.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/schedule_model.hpp"
+#include "tierflow/session.hpp"
 #include "tierflow/settings.hpp"
 #include "tierflow/statistics_resource.hpp"
 #include "tierflow/topology.hpp"

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/adam_handle.hpp"
 #include "capi/capi_support.hpp"
 #include "core/call_gate.hpp"
 #include "tierflow/build_config.hpp"
@@ -19,23 +20,6 @@
 #include "tierflow/placement_policy.hpp"
 #include "tierflow/tierflow.h"
 #include "tierflow/topology.hpp"
-
-struct tf_adam {
-  // Declared first, so destroyed last: the optimizer and its placement go before the device,
-  // whether or not tf_device_destroy came first.
-  std::shared_ptr<tierflow::device> dev;
-  tierflow::topology topo;
-  tierflow::placement_policy placement;
-  std::unique_ptr<tierflow::offload_adam> opt;
-  std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
-  std::vector<std::vector<std::size_t>> elements;          // per group, per param
-  // One C call at a time (tf_adam_grad_ready shared): calls made of several C++ calls
-  // (tf_adam_step_on, tf_adam_get_state) are refused whole, before the first changes anything.
-  mutable tierflow::detail::call_gate gate;
-
-  tf_adam(tierflow::topology t, tierflow::placement_options po)
-      : topo(std::move(t)), placement(topo, std::move(po)) {}
-};
 
 namespace {
 
@@ -107,7 +91,7 @@ std::string where_json(const tf_adam& adam) {
   }
   w.key("page_bytes").value(std::uint64_t{page_bytes});
   w.key("node_tiers").begin_object();
-  for (const auto& t : adam.topo.tiers()) {
+  for (const auto& t : adam.topo->tiers()) {
     for (const auto& n : t.nodes) {
       w.key(std::to_string(n.value)).value(t.name);
     }
@@ -132,6 +116,84 @@ tierflow::param_dtype to_dtype(int d, std::size_t index) {
 }
 
 }  // namespace
+
+namespace tierflow::capi {
+
+std::vector<adam_group> adam_groups(const tf_adam_param* params, std::size_t count,
+                                    const std::size_t* weights, const tf_adam_hyper* hypers,
+                                    std::size_t groups, tf_adam& a) {
+  need(params, "params");
+  need(hypers, "hypers");
+  if (count == 0 || groups == 0) {
+    throw tierflow::error("count and groups must be > 0");
+  }
+  std::vector<adam_group> gs(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    gs[g].hyper = to_hyper(hypers[g]);
+  }
+  a.elements.resize(groups);
+  for (std::size_t i = 0; i < count; ++i) {
+    const tf_adam_param& p = params[i];
+    const std::string where = "params[" + std::to_string(i) + "]";
+    if (p.group >= groups) {
+      throw tierflow::error(where + ".group is " + std::to_string(p.group) + ", but there are " +
+                            std::to_string(groups) + " groups");
+    }
+    adam_param ap;
+    ap.name = p.name != nullptr ? p.name : "param" + std::to_string(i);
+    ap.grad = p.grad;
+    ap.dtype = to_dtype(enum_value(p.dtype), i);
+    ap.elements = p.elements;
+    if (weights != nullptr && weights[i] != TF_NO_WEIGHT) {
+      ap.weight = weights[i];  // the session fills param and param_on_host
+    } else {
+      ap.param = p.param;
+      ap.param_on_host = p.param_on_host != 0;
+    }
+    a.where.emplace_back(p.group, gs[p.group].params.size());
+    a.elements[p.group].push_back(p.elements);
+    gs[p.group].params.push_back(std::move(ap));
+  }
+  return gs;
+}
+
+adam_options adam_options_of(const tf_adam_options* options) {
+  adam_options o;
+  if (options == nullptr) {
+    return o;
+  }
+  switch (enum_value(options->mode)) {
+    case TF_ADAM_CPU:
+      o.mode = adam_mode::cpu;
+      break;
+    case TF_ADAM_STREAMED:
+      o.mode = adam_mode::streamed;
+      break;
+    case TF_ADAM_AUTO:
+      o.mode = adam_mode::automatic;
+      break;
+    default:
+      throw tierflow::error("options->mode is not a tf_adam_mode");
+  }
+  if (options->chunk_elements != 0) {
+    o.chunk_elements = options->chunk_elements;
+  }
+  o.threads = options->threads;
+  o.max_grad_norm = options->max_grad_norm;
+  o.loss_scale = options->loss_scale;
+  o.device_timeout_s = options->device_timeout_s;
+  if (options->overlap < 0 || options->overlap > 2) {
+    throw tierflow::error(
+        "options->overlap must be 0 (none), 1 (backward) or 2 (backward_publish), not " +
+        std::to_string(options->overlap));
+  }
+  constexpr std::array overlaps{adam_overlap::none, adam_overlap::backward,
+                                adam_overlap::backward_publish};
+  o.overlap = overlaps[static_cast<std::size_t>(options->overlap)];
+  return o;
+}
+
+}  // namespace tierflow::capi
 
 extern "C" {
 
@@ -226,72 +288,21 @@ tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t 
     need(out, "out");
     *out = nullptr;
     need(device, "device");
-    need(params, "params");
-    need(hypers, "hypers");
-    if (count == 0 || groups == 0) {
-      throw tierflow::error("count and groups must be > 0");
-    }
-    std::vector<tierflow::adam_group> gs(groups);
-    for (std::size_t g = 0; g < groups; ++g) {
-      gs[g].hyper = to_hyper(hypers[g]);
-    }
+    auto a = std::make_unique<tf_adam>();
+    std::vector<tierflow::adam_group> gs =
+        tierflow::capi::adam_groups(params, count, nullptr, hypers, groups, *a);
+    const tierflow::adam_options o = tierflow::capi::adam_options_of(options);
     tierflow::placement_options po;
     if (options != nullptr && options->placement != nullptr) {
       po.spec = std::string(options->placement);
     }
-    auto a = std::make_unique<tf_adam>(tierflow::topology::discover(), std::move(po));
-    a->elements.resize(groups);
-    for (std::size_t i = 0; i < count; ++i) {
-      const tf_adam_param& p = params[i];
-      if (p.group >= groups) {
-        throw tierflow::error("params[" + std::to_string(i) + "].group is " +
-                              std::to_string(p.group) + ", but there are " +
-                              std::to_string(groups) + " groups");
-      }
-      tierflow::adam_param ap;
-      ap.name = p.name != nullptr ? p.name : "param" + std::to_string(i);
-      ap.param = p.param;
-      ap.grad = p.grad;
-      ap.dtype = to_dtype(enum_value(p.dtype), i);
-      ap.elements = p.elements;
-      ap.param_on_host = p.param_on_host != 0;
-      a->where.emplace_back(p.group, gs[p.group].params.size());
-      a->elements[p.group].push_back(p.elements);
-      gs[p.group].params.push_back(std::move(ap));
-    }
-    tierflow::adam_options o;
-    if (options != nullptr) {
-      switch (enum_value(options->mode)) {
-        case TF_ADAM_CPU:
-          o.mode = tierflow::adam_mode::cpu;
-          break;
-        case TF_ADAM_STREAMED:
-          o.mode = tierflow::adam_mode::streamed;
-          break;
-        case TF_ADAM_AUTO:
-          o.mode = tierflow::adam_mode::automatic;
-          break;
-        default:
-          throw tierflow::error("options->mode is not a tf_adam_mode");
-      }
-      if (options->chunk_elements != 0) {
-        o.chunk_elements = options->chunk_elements;
-      }
-      o.threads = options->threads;
-      o.max_grad_norm = options->max_grad_norm;
-      o.loss_scale = options->loss_scale;
-      o.device_timeout_s = options->device_timeout_s;
-      if (options->overlap < 0 || options->overlap > 2) {
-        throw tierflow::error(
-            "options->overlap must be 0 (none), 1 (backward) or 2 (backward_publish), not " +
-            std::to_string(options->overlap));
-      }
-      constexpr std::array overlaps{tierflow::adam_overlap::none, tierflow::adam_overlap::backward,
-                                    tierflow::adam_overlap::backward_publish};
-      o.overlap = overlaps[static_cast<std::size_t>(options->overlap)];
-    }
+    a->own_topo = std::make_unique<tierflow::topology>(tierflow::topology::discover());
+    a->own_placement = std::make_unique<tierflow::placement_policy>(*a->own_topo, std::move(po));
+    a->topo = a->own_topo.get();
     a->dev = device->dev;
-    a->opt = std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, a->placement);
+    a->owned =
+        std::make_unique<tierflow::offload_adam>(*device->dev, std::move(gs), o, *a->own_placement);
+    a->opt = a->owned.get();
     *out = a.release();
   });
 }

@@ -37,10 +37,6 @@ using namespace tierflow::capi;
 
 constexpr std::size_t slot_alignment = 256;
 
-std::uint64_t aligned(std::uint64_t bytes) {
-  return (bytes + slot_alignment - 1) / slot_alignment * slot_alignment;
-}
-
 tierflow::schedule_plan make_plan(tf_scheduler& s, const tf_sched_buffer* buffers,
                                   std::size_t buffer_count, const tf_sched_step* steps,
                                   std::size_t step_count) {
@@ -83,23 +79,6 @@ tierflow::schedule_plan make_plan(tf_scheduler& s, const tf_sched_buffer* buffer
     plan.add_step(std::move(desc));
   }
   return plan;
-}
-
-// Room for the window's steps plus the one acquired, each of the largest step's size.
-std::uint64_t default_budget(const tf_sched_buffer* buffers, const tf_sched_step* steps,
-                             std::size_t step_count, std::uint64_t window) {
-  std::uint64_t largest = 0;
-  for (std::size_t k = 0; k < step_count; ++k) {
-    std::uint64_t bytes = 0;
-    for (std::size_t j = 0; j < steps[k].count; ++j) {
-      bytes += aligned(buffers[steps[k].buffers[j]].bytes);
-    }
-    largest = std::max(largest, bytes);
-  }
-  if (window >= std::numeric_limits<std::uint64_t>::max() / std::max<std::uint64_t>(largest, 1)) {
-    throw tierflow::error("window " + std::to_string(window) + " is too large");
-  }
-  return (window + 1) * largest;
 }
 
 tf_scheduler& checked(tf_scheduler* s) {
@@ -152,9 +131,7 @@ tf_status tf_scheduler_create(tf_device* device, const tf_sched_buffer* buffers,
     so.trace = o.trace != 0;
     so.prefetch_across_iterations = o.prefetch_across_iterations != 0;
     so.alignment = slot_alignment;
-    so.hbm_budget_bytes = o.hbm_budget_bytes != 0
-                              ? o.hbm_budget_bytes
-                              : default_budget(buffers, steps, step_count, o.window);
+    so.hbm_budget_bytes = o.hbm_budget_bytes;  // 0: the scheduler's default
     s->dev = device->dev;
     s->sched = std::make_unique<tierflow::prefetch_scheduler>(*device->dev, std::move(plan), so);
     *out = s.release();

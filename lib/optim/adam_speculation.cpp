@@ -51,7 +51,7 @@ bool adam_speculation::announced(std::size_t group, std::size_t param) const {
   return false;
 }
 
-void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
+void adam_speculation::grad_ready(std::size_t group, std::size_t param, bool publish) {
   const std::lock_guard lock(mutex_);
   const param_state& p = core_.groups[group].params[param];
   std::size_t slot = 0;
@@ -83,7 +83,7 @@ void adam_speculation::grad_ready(std::size_t group, std::size_t param) {
     const chunk_ref& c = core_.chunks[index];
     core_.totals.bytes_d2h += core_.copy_grads_down(c, d2h);
     d2h.record(*core_.chunk_events[index]);
-    announced_[index] = 1;
+    announced_[index] = publish ? 1 : 2;  // 2: its params wait for step()
     deadline_[index] = deadline;
     queue_[c.node][queued_[c.node]++] = index;
     pools_.at(c.node)->extend(1);
@@ -110,7 +110,7 @@ void adam_speculation::speculate(std::size_t index, std::size_t worker) {
   std::memcpy(backup + 2 * n + c.offset, p.moments_v() + c.offset, bytes);
   core_.update_on_host(c, scalars_[c.slot]);
   updated_[index] = 1;
-  if (core_.options.overlap == adam_overlap::backward_publish) {
+  if (core_.options.overlap == adam_overlap::backward_publish && announced_[index] == 1) {
     publish(c, p, 2 * worker + (index % 2));  // each worker's pair of ring slots, in turn
     published_[index] = 1;
   }

@@ -40,8 +40,9 @@ class adam_speculation {
 
   /** Param @p param of group @p group has its final grad: enqueues its grads copy (after the
    *  work on the compute stream so far) and its chunks' norm and update on the workers.
-   *  Thread-safe against other grad_ready() calls; not against step(). */
-  void grad_ready(std::size_t group, std::size_t param);
+   *  Thread-safe against other grad_ready() calls; not against step(). @p publish false: with
+   *  backward_publish, its new params wait for step() (their memory is not writable yet). */
+  void grad_ready(std::size_t group, std::size_t param, bool publish = true);
   /** Whether param (@p group, @p param) was announced this step. */
   [[nodiscard]] bool announced(std::size_t group, std::size_t param) const;
   /** Whether chunk @p index's grads were copied and summed by the speculation. */

@@ -15,7 +15,6 @@ namespace tierflow::detail {
 
 void adam_streamed_step::build() {
   schedule_plan plan;
-  std::uint64_t largest = 0;
   for (const auto& c : core_.chunks) {
     param_state& p = core_.param_of(c);
     const std::size_t bytes = c.count * sizeof(float);
@@ -27,13 +26,11 @@ void adam_streamed_step::build() {
     ids[2] = plan.add_buffer({base + ".exp_avg_sq", p.moments_v() + c.offset, bytes, false, true});
     plan.add_step({base, {}, {ids[0], ids[1], ids[2]}});
     chunk_buffers_.push_back(ids);
-    largest = std::max<std::uint64_t>(largest, 3 * (bytes + 256));
   }
   const adam_options& options = core_.options;
   scheduler_options so;
   so.window = options.window;
-  so.hbm_budget_bytes =
-      options.hbm_budget_bytes != 0 ? options.hbm_budget_bytes : (options.window + 2) * largest;
+  so.hbm_budget_bytes = options.hbm_budget_bytes;  // 0: the scheduler's default
   so.h2d_gbps = options.h2d_gbps;
   so.d2h_gbps = options.d2h_gbps;
   core_.scheduler = std::make_unique<prefetch_scheduler>(core_.dev, std::move(plan), so);

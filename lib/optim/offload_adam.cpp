@@ -74,6 +74,7 @@ struct offload_adam::impl {
   std::unique_ptr<detail::adam_speculation> speculation;  // overlap backward, cpu mode
   // One public call at a time (grad_ready()s shared): a second thread's call is refused.
   mutable detail::call_gate gate;
+  param_write_guard* guard = nullptr;  // the params' owner (a session), if any
 
   impl(device& d, adam_options o, placement_policy& p) : core(d, std::move(o), p) {}
   // The speculation's work done, the device idle and the host memory unregistered before the
@@ -86,6 +87,12 @@ struct offload_adam::impl {
   void cancel_speculation() noexcept {
     if (speculation) {
       speculation->cancel();
+    }
+  }
+  // Before a call that may write params in host memory: the owner's check.
+  void guard_writes() const {
+    if (guard != nullptr) {
+      guard->before_writes();
     }
   }
 
@@ -117,6 +124,12 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) {
       const adam_param& p = in[gi].params[pi];
       const std::string what =
           where + " param " + std::to_string(pi) + (p.name.empty() ? "" : " '" + p.name + "'");
+      if (p.param == nullptr && p.weight) {
+        throw error("offload_adam: " + what + ": it names session weight " +
+                    std::to_string(*p.weight) +
+                    ", but the optimizer was made without a session (session::make_optimizer "
+                    "resolves it)");
+      }
       if (p.param == nullptr) {
         throw error("offload_adam: " + what + ": param pointer is null");
       }
@@ -287,8 +300,13 @@ offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_opt
 
 offload_adam::~offload_adam() = default;
 
+void offload_adam::set_write_guard(param_write_guard* guard) noexcept {
+  impl_->guard = guard;
+}
+
 adam_step_result offload_adam::step() {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::step");
+  impl_->guard_writes();
   impl& s = *impl_;
   detail::adam_core& core = s.core;
   const auto start = clock_type::now();
@@ -346,6 +364,7 @@ void offload_adam::set_lr(double lr) {
 
 void offload_adam::sync_params() {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::sync_params");
+  impl_->guard_writes();
   detail::resend_stale_params(impl_->core, "sync_params");
 }
 
@@ -396,7 +415,10 @@ void offload_adam::impl::grad_ready(std::size_t group, std::size_t param) {
                 "' has no grad this step (set_grad(nullptr)); give one with set_grad() first");
   }
   if (speculation) {
-    speculation->grad_ready(group, param);
+    const bool publish = guard == nullptr || !p.desc.param_on_host ||
+                         core.options.overlap != adam_overlap::backward_publish ||
+                         guard->may_write_now(p.desc.param);
+    speculation->grad_ready(group, param, publish);
   }
 }
 
@@ -419,6 +441,7 @@ void offload_adam::grad_ready(std::size_t group, std::size_t param, const void* 
 
 void offload_adam::discard_grads() {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::discard_grads");
+  impl_->guard_writes();
   if (impl_->speculation) {
     impl_->speculation->discard();
   }
@@ -432,6 +455,7 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
                              const float* exp_avg, const float* exp_avg_sq, std::size_t elements,
                              std::uint64_t steps) {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_state");
+  impl_->guard_writes();
   const detail::param_state& p = impl_->core.param_at(group, param);
   impl_->refuse_while_pending("set_state");
   const std::string what = "offload_adam::set_state: '" + p.desc.name + "'";
@@ -471,6 +495,7 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
 
 void offload_adam::refresh_master(std::size_t group, std::size_t param) {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::refresh_master");
+  impl_->guard_writes();
   const detail::param_state& p = impl_->core.param_at(group, param);
   impl_->refuse_while_pending("refresh_master");
   impl_->cancel_speculation();
@@ -496,6 +521,7 @@ adam_kernel offload_adam::kernel() const noexcept {
 
 void offload_adam::save(const std::filesystem::path& path) const {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::save");
+  impl_->guard_writes();
   if (impl_->pending()) {
     throw error("offload_adam::save: " + path.string() +
                 ": a failed step is pending (half done); step() completes it first");
@@ -507,6 +533,7 @@ void offload_adam::save(const std::filesystem::path& path) const {
 
 void offload_adam::load(const std::filesystem::path& path) {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::load");
+  impl_->guard_writes();
   impl_->cancel_speculation();
   impl_->core.flush_state();
   detail::load_checkpoint(path, impl_->core.groups);
@@ -569,6 +596,7 @@ std::vector<float> copy_of(const float* p, std::size_t n) {
 
 std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t param) const {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::master_weights");
+  impl_->guard_writes();
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
@@ -577,6 +605,7 @@ std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t p
 
 std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) const {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::exp_avg");
+  impl_->guard_writes();
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
@@ -585,6 +614,7 @@ std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) c
 
 std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param) const {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::exp_avg_sq");
+  impl_->guard_writes();
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -387,6 +388,39 @@ TEST_CASE("a budget that fits only the largest step still runs, one step at a ti
   }
 }
 
+TEST_CASE("a zero budget is the one default: resident + (window + 2) x the largest step",
+          "[scheduler]") {
+  auto gen = test::rng(709);
+  auto dev = fast_device();
+  std::uniform_int_distribution<std::size_t> size(1, 5000);
+  std::vector<std::vector<unsigned char>> host(4);
+  for (auto& h : host) {
+    h.assign(size(gen), 7);
+  }
+  schedule_plan p;
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    p.add_buffer({"w" + std::to_string(i), host[i].data(), host[i].size(), i == 3, false});
+  }
+  p.add_step({"s0", {0, 1}, {}});
+  p.add_step({"s1", {2, 3}, {}});
+  const auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  const std::uint64_t largest =
+      std::max(up(host[0].size()) + up(host[1].size()), up(host[2].size()));
+  for (const std::uint64_t window : {0, 1, 3}) {
+    scheduler_options o;
+    o.window = window;
+    const std::uint64_t expected_budget = up(host[3].size()) + (window + 2) * largest;
+    INFO("window " << window << ", sizes " << host[0].size() << " " << host[1].size() << " "
+                   << host[2].size() << " " << host[3].size());
+    CHECK(default_hbm_budget(p, o) == expected_budget);
+    prefetch_scheduler sched(*dev, p, o);
+    CHECK(sched.metrics().hbm_budget_bytes == expected_budget);
+  }
+  scheduler_options huge;
+  huge.window = std::numeric_limits<std::uint64_t>::max() - 1;
+  CHECK_THROWS_WITH(default_hbm_budget(p, huge), Catch::Contains("too large"));
+}
+
 TEST_CASE("bad plans and options are refused at construction with the reason",
           "[scheduler][errors]") {
   auto dev = fast_device();
@@ -437,8 +471,6 @@ TEST_CASE("bad plans and options are refused at construction with the reason",
   refused(schedule_plan{}, o, "the plan has no steps");
   {
     auto opt = o;
-    opt.hbm_budget_bytes = 0;
-    refused(plan(), opt, "hbm_budget_bytes must be above 0");
     opt = o;
     opt.alignment = 48;
     refused(plan(), opt, "alignment must be a power of two");

@@ -149,7 +149,9 @@ schedule_plan demo_plan(const demo_options& o, const std::vector<void*>& host, b
 }
 
 std::uint64_t demo_staging_budget(const demo_options& o) {
-  return (o.window + 2) * demo_layer_bytes(o) + 256 * (o.layers + 4);
+  scheduler_options so;
+  so.window = o.window;
+  return default_hbm_budget(demo_plan(o), so);
 }
 
 }  // namespace tierflow::cli::demo

@@ -61,8 +61,8 @@ std::uint64_t demo_layer_bytes(const demo_options& o);
 schedule_plan demo_plan(const demo_options& o, const std::vector<void*>& host = {},
                         bool resident = false);
 
-/** @brief The scheduler's HBM budget for the offloaded run by default: the window plus the
- *  step running and the one being released, with alignment slack. */
+/** @brief The scheduler's HBM budget for the offloaded run by default: default_hbm_budget()
+ *  of demo_plan() (the model of `tierflow tune` needs the figure before a scheduler exists). */
 std::uint64_t demo_staging_budget(const demo_options& o);
 
 }  // namespace tierflow::cli::demo
