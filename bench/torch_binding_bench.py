@@ -34,7 +34,8 @@ import time
 import torch
 
 from tierflow import _capi
-from tierflow.torch import OffloadAdamW, _device_handle
+from tierflow._devices import device_handle as _device_handle
+from tierflow.torch import OffloadAdamW
 
 
 def count(text):

@@ -150,11 +150,13 @@ tf_status tf_session_acquire(tf_session* session, size_t block, int backward, vo
     }
     const auto direction =
         backward != 0 ? tierflow::pass_direction::backward : tierflow::pass_direction::forward;
+    tierflow::device& dev = s.dev();
+    // The block held is released by the acquire: after the caller's work on it so far.
+    dev.stream_after_native(dev.compute_stream(), stream);
     const tierflow::staged_step& staged = s.acquire(block, direction);
     for (std::size_t j = 0; j < count; ++j) {
       pointers[j] = staged.pointer(static_cast<tierflow::buffer_id>(s.weight(block, j)));
     }
-    tierflow::device& dev = s.dev();
     if (dev.compute_stream().native_handle() != nullptr) {
       dev.native_after_stream(stream, staged.compute());
     } else {

@@ -148,8 +148,9 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) {
       }
       if (p.param_on_host && options.mode == adam_mode::streamed) {
         throw error("offload_adam: " + what +
-                    ": a param in host memory needs cpu mode (streamed mode updates params on "
-                    "the device)");
+                    ": a param in host memory (a session weight's tier copy, or "
+                    "param_on_host) needs cpu mode: mode='streamed' updates params on the "
+                    "device");
       }
       if (!names.insert(p.name).second) {
         throw error("offload_adam: " + what + ": the name is used twice");

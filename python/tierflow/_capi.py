@@ -165,6 +165,23 @@ class SchedOptions(Structure):
     ]
 
 
+class SessionWeight(Structure):
+    _fields_ = [("name", c_char_p), ("bytes", c_size_t), ("data", c_void_p)]
+
+
+class SessionOptions(Structure):
+    _fields_ = [
+        ("hbm_budget_bytes", c_ulonglong),
+        ("window", c_ulonglong),
+        ("adaptive", c_int),
+        ("trace", c_int),
+        ("placement", c_char_p),
+    ]
+
+
+#: weights[i] of tf_session_adam_create for a param that is no session weight.
+NO_WEIGHT = ctypes.c_size_t(-1).value
+
 _STATUS = c_int
 _DEVICE = c_void_p  # tf_device*
 _ADAM = c_void_p  # tf_adam*
@@ -214,6 +231,27 @@ _PROTOTYPES = {
     ),
     "tf_adam_refresh_master": (_STATUS, [_ADAM, c_size_t]),
     "tf_adam_where_json": (_STATUS, [_ADAM, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_session_options_default": (None, [POINTER(SessionOptions)]),
+    "tf_session_create": (_STATUS, [_DEVICE, POINTER(SessionOptions), POINTER(c_void_p)]),
+    "tf_session_destroy": (None, [c_void_p]),
+    "tf_session_set_blocks": (
+        _STATUS, [c_void_p, POINTER(SessionWeight), POINTER(c_size_t), c_size_t]),
+    "tf_session_weight_host": (_STATUS, [c_void_p, c_size_t, POINTER(c_void_p)]),
+    "tf_session_acquire": (
+        _STATUS, [c_void_p, c_size_t, c_int, c_void_p, POINTER(c_void_p), c_size_t]),
+    "tf_session_release": (_STATUS, [c_void_p, c_void_p]),
+    "tf_session_end_pass": (_STATUS, [c_void_p]),
+    "tf_session_metrics_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_session_trace_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_session_where_json": (
+        _STATUS, [c_void_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tf_session_adam_create": (
+        _STATUS,
+        [c_void_p, POINTER(AdamParam), c_size_t, POINTER(c_size_t), POINTER(AdamHyper),
+         c_size_t, POINTER(AdamOptions), POINTER(_ADAM)],
+    ),
     "tf_sched_options_default": (None, [POINTER(SchedOptions)]),
     "tf_scheduler_create": (
         _STATUS,

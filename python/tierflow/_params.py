@@ -1,30 +1,33 @@
 """Cold parameters: a model's weights live in a host tier and stream into HBM block by block.
 
 ``offload_parameters(model)`` moves the weights of each block (by default each child of the
-model's largest ``nn.ModuleList``) into tier memory that tierflow's prefetch scheduler owns,
-and builds a plan of 2 × blocks steps: the forward pass over the blocks in order, then the
-backward pass over them in reverse. While block i runs forward, its params' ``.data`` are
-views of its HBM staging slots, filled ``window`` steps ahead; afterwards they are 1-element
-placeholders expanded to the param's shape (so shapes, dtypes and ``requires_grad`` stay as
-they were, and autograd accumulates grads as usual). What a block's forward saves for backward
-that is one of its weights is saved as a token (``torch.autograd.graph.saved_tensors_hooks``)
-and re-staged when the backward pass reaches the block, so the staging never holds more than
-the budget. At the end of a backward pass (and after a forward pass without grad) the
-scheduler restarts: the tier copies are then current, and ``OffloadAdamW`` updates them in
-place (cpu mode, ``param_on_host``), so a step moves each weight over the link once per pass.
+model's largest ``nn.ModuleList``) into the tier copies of a tierflow session
+(``tf_session``, include/tierflow/session.hpp), which plans the passes (forward over the
+blocks, then backward over them in reverse), stages each block ``window`` blocks ahead, skips
+blocks that did not run, starts a new pass when a forward goes back, and ends a pass after
+block 0's backward. While block i runs forward, its params' ``.data`` are views of its HBM
+staging; afterwards they are 1-element placeholders expanded to the param's shape (so shapes,
+dtypes and ``requires_grad`` stay as they were, and autograd accumulates grads as usual). What
+a block's forward saves for backward that is one of its weights is saved as a token
+(``torch.autograd.graph.saved_tensors_hooks``) and re-staged when the backward pass reaches the
+block, so the staging never holds more than the budget. ``OffloadAdamW`` finds an offloaded
+weight here (``weight_of``) and makes its C optimizer in the session, which updates the tier
+copy in place and never while the session may still stage it.
 """
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
+import weakref
 from typing import Iterable, Optional
 
 import torch
 from torch import nn
 
-from tierflow import _capi
+from tierflow import _capi, _devices
 
-__all__ = ["OffloadedParameters", "offload_parameters"]
+__all__ = ["OffloadedParameters", "offload_parameters", "weight_of"]
 
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -79,13 +82,30 @@ class _Saved:
         self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
 
 
+# The live handles, for weight_of (an OffloadAdamW finds its session weights here).
+_handles: "weakref.WeakSet[OffloadedParameters]" = weakref.WeakSet()
+_handles_lock = threading.Lock()
+# The figures a pass is measured by (metrics()["last_pass"]).
+_PASS_KEYS = ("compute_s", "stall_s", "bytes_in", "bytes_out", "late_prefetches", "elapsed_s")
+
+
+def weight_of(param) -> Optional[tuple]:
+    """(session handle, weight index) of a weight that offload_parameters holds in a tier,
+    else None: the optimizer makes its C optimizer in that session."""
+    with _handles_lock:
+        handles = list(_handles)
+    for h in handles:
+        i = h._weight_index.get(id(param))
+        if i is not None and h._weights[i] is param:
+            return h._session, i
+    return None
+
+
 class OffloadedParameters:
     """The handle ``offload_parameters`` returns (a context manager: leaving it removes)."""
 
     def __init__(self, model: nn.Module, blocks, window: int, hbm_budget: Optional[int],
                  placement: Optional[str], trace: bool):
-        from tierflow.torch import _device_handle  # one tf_device per torch device
-
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an int >= 0, not {window!r}")
         if hbm_budget is not None and (isinstance(hbm_budget, bool)
@@ -95,19 +115,20 @@ class OffloadedParameters:
         self._blocks = self._collect(model, blocks)
         self._check_not_shared(model, self._blocks)
         self._shapes = [[(p.shape, p.dtype) for p in ps] for _, ps in self._blocks]
-        self._device = self._blocks[0][1][0].device
-        self._stream = None
-        self._sched = ctypes.c_void_p()
-        self._build(_device_handle(self._device), window, hbm_budget, placement, trace)
+        self._weights = [p for _, ps in self._blocks for p in ps]
+        self._device = self._weights[0].device
+        self._session = ctypes.c_void_p()
+        self._build(window, hbm_budget, placement, trace)
         self._move_in()
-        self._acquired = None  # (step, block) held now
-        self._next = None  # the step the scheduler expects next (None: any)
+        self._held = None  # (block, backward) staged now
         self._staged = {}  # block -> its params' staged views
         self._callback_queued = False
-        self._passes = 0
         self._pass_start = self._totals()
         self._last_pass = None
         self._wrap_forwards()
+        self._weight_index = {id(p): i for i, p in enumerate(self._weights)}
+        with _handles_lock:
+            _handles.add(self)
 
     # --- set-up ---------------------------------------------------------------------------
     @staticmethod
@@ -123,7 +144,7 @@ class OffloadedParameters:
                 if id(p) in seen:
                     raise ValueError(f"blocks[{i}] and blocks[{seen[id(p)]}] share a param of "
                                      f"shape {tuple(p.shape)}: a weight lives in one block")
-                if hasattr(p, "_tierflow_home"):
+                if weight_of(p) is not None:
                     raise ValueError(f"blocks[{i}]: a param is offloaded already")
                 if p.dtype not in _SUPPORTED:
                     raise TypeError(f"blocks[{i}]: a param is {p.dtype} (float32, bfloat16 or "
@@ -160,51 +181,40 @@ class OffloadedParameters:
                         "weights): leave that block out, or list the sharing modules as one "
                         "block")
 
-    def _build(self, device_handle, window, hbm_budget, placement, trace):
-        buffers, steps, self._buffer_of = [], [], []
-        self._names = []
-        for b, (_, params) in enumerate(self._blocks):
-            ids = []
-            for j, p in enumerate(params):
-                self._names.append(f"block{b}.p{j}".encode())
-                ids.append(len(buffers))
-                buffers.append(_capi.SchedBuffer(self._names[-1], p.numel() * p.element_size(),
-                                                 None))
-            self._buffer_of.append(ids)
-        n = len(self._blocks)
-        order = list(range(n)) + list(reversed(range(n)))
-        self._uses = [(ctypes.c_size_t * len(self._buffer_of[b]))(*self._buffer_of[b])
-                      for b in order]
-        self._step_names = [f"{'fwd' if k < n else 'bwd'}{b}".encode()
-                            for k, b in enumerate(order)]
-        steps = (_capi.SchedStep * len(order))(*[
-            _capi.SchedStep(self._step_names[k], self._uses[k], len(self._buffer_of[b]), 0)
-            for k, b in enumerate(order)])
-        options = _capi.SchedOptions()
-        _capi.lib.tf_sched_options_default(ctypes.byref(options))
+    def _build(self, window, hbm_budget, placement, trace):
+        """The session: its weights, block by block (the C library allocates the tier copies)."""
+        options = _capi.SessionOptions()
+        _capi.lib.tf_session_options_default(ctypes.byref(options))
         options.window = window
         options.hbm_budget_bytes = hbm_budget or 0
         options.trace = int(bool(trace))
-        # Each pass ends with a restart (the optimizer then rewrites the tier copies): what the
-        # last steps would prefetch of the next pass would be dropped unused.
-        options.prefetch_across_iterations = 0
         self._placement = placement.encode() if placement is not None else None
         options.placement = self._placement
-        array = (_capi.SchedBuffer * len(buffers))(*buffers)
-        _capi.call("tf_scheduler_create", device_handle, array, len(buffers), steps, len(order),
-                   ctypes.byref(options), ctypes.byref(self._sched))
+        _capi.call("tf_session_create", _devices.device_handle(self._device),
+                   ctypes.byref(options), ctypes.byref(self._session))
+        names = [f"block{b}.p{j}".encode() for b, (_, ps) in enumerate(self._blocks)
+                 for j in range(len(ps))]
+        weights = (_capi.SessionWeight * len(names))(*[
+            _capi.SessionWeight(name, p.numel() * p.element_size(), None)
+            for name, p in zip(names, self._weights)])
+        sizes = (ctypes.c_size_t * len(self._blocks))(*[len(ps) for _, ps in self._blocks])
+        try:
+            _capi.call("tf_session_set_blocks", self._session, weights, sizes, len(self._blocks))
+        except BaseException:
+            _capi.lib.tf_session_destroy(self._session)
+            self._session = ctypes.c_void_p()
+            raise
 
     def _move_in(self):
         """Copies each weight into its tier copy and leaves a placeholder in the param."""
+        self._homes = []
         with torch.no_grad():
-            for b, (_, params) in enumerate(self._blocks):
-                for j, p in enumerate(params):
-                    home = ctypes.c_void_p()
-                    _capi.call("tf_scheduler_host_pointer", self._sched, self._buffer_of[b][j],
-                               ctypes.byref(home))
-                    _host_view(home.value, p).copy_(p.data)
-                    p._tierflow_home = home.value
-                    p.data = self._placeholder(p)
+            for i, p in enumerate(self._weights):
+                home = ctypes.c_void_p()
+                _capi.call("tf_session_weight_host", self._session, i, ctypes.byref(home))
+                _host_view(home.value, p).copy_(p.data)
+                self._homes.append(home.value)
+                p.data = self._placeholder(p)
 
     @staticmethod
     def _placeholder(p):
@@ -220,59 +230,39 @@ class OffloadedParameters:
             block._tierflow_forward = original
             block.forward = forward
 
-    # --- the passes -----------------------------------------------------------------------
-    def _native_stream(self):
-        if self._device.type == "cuda":
-            return torch.cuda.current_stream(self._device).cuda_stream
-        return None
-
-    def _acquire(self, step: int, block: int):
-        n = len(self._blocks)
-        if self._next is not None and self._next != step:
-            # Steps the pass skipped (a block that did not run) go by in order; a pass that
-            # went back (a new forward before the backward) starts over.
-            ahead = (step - self._next) % (2 * n)
-            if step < self._next or ahead > n:
-                _capi.call("tf_scheduler_restart", self._sched)
-            else:
-                while self._next != step:
-                    self._acquire(self._next, self._block_of(self._next))
-                    self._release()
+    # --- the passes (the session plans them: skipped blocks, restarts, the end) ------------
+    def _acquire(self, block: int, backward: bool):
         params = self._blocks[block][1]
         pointers = (ctypes.c_void_p * len(params))()
-        _capi.call("tf_scheduler_acquire", self._sched, step, self._native_stream(), pointers,
-                   len(params))
+        self._held = None  # the session releases the block held, after the caller's stream
+        self._staged.clear()
+        _capi.call("tf_session_acquire", self._session, block, int(backward),
+                   _devices.native_stream(self._device), pointers, len(params))
         self._staged[block] = [_view(pointers[j], p, self._device)
                                for j, p in enumerate(params)]
-        self._acquired = (step, block)
-        self._next = (step + 1) % (2 * n)
+        self._held = (block, backward)
 
     def _release(self):
-        step, block = self._acquired
-        self._acquired = None
-        self._staged.pop(block, None)
-        _capi.call("tf_scheduler_release", self._sched, step, 0, self._native_stream())
-
-    def _block_of(self, step):
-        n = len(self._blocks)
-        return step if step < n else 2 * n - 1 - step
+        self._held = None
+        self._staged.clear()
+        _capi.call("tf_session_release", self._session, _devices.native_stream(self._device))
 
     def _end_pass(self):
         """After a backward pass or a forward pass without grad: the tier copies current."""
-        if self._acquired is not None:
+        if self._held is not None:
             self._release()
-        _capi.call("tf_scheduler_restart", self._sched)
-        self._next = None
-        self._passes += 1
+        _capi.call("tf_session_end_pass", self._session)
         now = self._totals()
-        self._last_pass = {k: now[k] - self._pass_start[k] for k in now}
-        self._pass_start = now
+        if now["passes"] != self._pass_start["passes"]:
+            self._last_pass = {k: now[k] - self._pass_start[k] for k in _PASS_KEYS}
+            self._pass_start = now
 
     def _totals(self) -> dict:
-        m = _capi.json_call("tf_scheduler_metrics_json", self._sched)["scheduler"]
-        return {"compute_s": m["compute_s"], "stall_s": m["stall_s"], "bytes_in": m["bytes_in"],
-                "bytes_out": m["bytes_out"], "late_prefetches": m["late_prefetches"],
-                "elapsed_s": time.perf_counter()}
+        m = _capi.json_call("tf_session_metrics_json", self._session)
+        out = {k: m["scheduler"][k] for k in _PASS_KEYS if k != "elapsed_s"}
+        out["elapsed_s"] = time.perf_counter()
+        out["passes"] = m["passes"]
+        return out
 
     def _check_unchanged(self, b):
         """A block whose params were replaced or reshaped since offload_parameters cannot be
@@ -291,9 +281,10 @@ class OffloadedParameters:
                     "shape or dtype while offloaded")
 
     def _run_forward(self, b, original, args, kwargs):
+        self._check_open()
         params = self._blocks[b][1]
         self._check_unchanged(b)
-        self._acquire(b, b)
+        self._acquire(b, False)
         try:
             for p, view in zip(params, self._staged[b]):
                 p.data = view
@@ -323,12 +314,8 @@ class OffloadedParameters:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
             self._callback_queued = True
-        n = len(self._blocks)
-        step = 2 * n - 1 - saved.block
-        if self._acquired is None or self._acquired[0] != step:
-            if self._acquired is not None:
-                self._release()
-            self._acquire(step, saved.block)
+        if self._held != (saved.block, True):
+            self._acquire(saved.block, True)
         base = self._staged[saved.block][saved.index]
         return base.reshape(-1).as_strided(saved.size, saved.stride, saved.offset)
 
@@ -341,45 +328,48 @@ class OffloadedParameters:
         """The scheduler's figures in total (``stall_fraction``, ``overlap_efficiency``,
         ``hbm_staging_peak_bytes``, ``bytes_in``, ``compute_s``, ``stall_s``, ... as in
         docs/scheduler.md), plus ``offloaded_bytes``, ``blocks``, ``tiers`` (bytes of weights
-        per tier they live in), ``passes`` (passes ended: a backward pass, or a forward pass
-        without grad) and ``last_pass``: ``compute_s``, ``stall_s``, ``bytes_in``,
-        ``bytes_out``, ``late_prefetches`` and ``elapsed_s`` (wall time since the pass before
-        ended) of the last pass (None before the first)."""
+        per tier they live in), ``passes`` (passes ended: a backward pass, a forward pass
+        without grad, or one left halfway) and ``last_pass``: ``compute_s``, ``stall_s``,
+        ``bytes_in``, ``bytes_out``, ``late_prefetches`` and ``elapsed_s`` (wall time since
+        the pass before ended) of the last pass (None before the first)."""
         self._check_open()
-        out = dict(_capi.json_call("tf_scheduler_metrics_json", self._sched)["scheduler"])
-        out["offloaded_bytes"] = sum(p.numel() * p.element_size()
-                                     for _, ps in self._blocks for p in ps)
+        session = _capi.json_call("tf_session_metrics_json", self._session)
+        out = dict(session["scheduler"])
+        out["offloaded_bytes"] = sum(p.numel() * p.element_size() for p in self._weights)
         out["blocks"] = len(self._blocks)
-        out["tiers"] = _capi.json_call("tf_scheduler_where_json", self._sched)["tiers"]
-        out["passes"] = self._passes
+        out["tiers"] = _capi.json_call("tf_session_where_json", self._session)["tiers"]
+        out["passes"] = session["passes"]
         out["last_pass"] = dict(self._last_pass) if self._last_pass is not None else None
         return out
 
     def trace_json(self) -> str:
         """A Chrome/Perfetto trace of the staging (``trace=True``), as JSON text."""
         self._check_open()
-        return _capi.json_call("tf_scheduler_trace_json", self._sched, parse=False)
+        return _capi.json_call("tf_session_trace_json", self._session, parse=False)
 
     def remove(self) -> None:
         """Puts every weight back as an ordinary tensor on its device (with the values of its
         tier copy) and the blocks' forward as it was. Idempotent."""
-        if not self._sched:
+        if not self._session:
             return
-        if self._acquired is not None:
+        if self._held is not None:
             self._release()
-        _capi.call("tf_scheduler_flush", self._sched)
+        _capi.call("tf_session_end_pass", self._session)
+        with _handles_lock:
+            _handles.discard(self)
         with torch.no_grad():
-            for block, params in self._blocks:
-                for p in params:
-                    p.data = _host_view(p._tierflow_home, p).to(self._device, copy=True)
-                    del p._tierflow_home
+            for p, home in zip(self._weights, self._homes):
+                p.data = _host_view(home, p).to(self._device, copy=True)
+            for block, _ in self._blocks:
                 block.forward = block._tierflow_forward
                 del block._tierflow_forward
-        _capi.lib.tf_scheduler_destroy(self._sched)
-        self._sched = ctypes.c_void_p()
+        # An optimizer made in the session keeps it alive until it is rebuilt over the params'
+        # own memory (its next step).
+        _capi.lib.tf_session_destroy(self._session)
+        self._session = ctypes.c_void_p()
 
     def _check_open(self):
-        if not self._sched:
+        if not self._session:
             raise RuntimeError("offload_parameters: the handle was removed")
 
     def __enter__(self):
@@ -396,7 +386,8 @@ def offload_parameters(model: nn.Module, *, blocks: Optional[Iterable[nn.Module]
                        trace: bool = False) -> OffloadedParameters:
     """Moves the weights of ``model``'s blocks into a host tier and streams them into HBM
     ``window`` blocks ahead of the forward and the backward pass; the staging never holds more
-    than ``hbm_budget`` bytes (default: window + 1 of the largest block). ``placement`` is a
+    than ``hbm_budget`` bytes (default: the scheduler's, room for window + 2 of the largest
+    block). ``placement`` is a
     placement spec for class ``params`` (as TIERFLOW_PLACEMENT takes). Train with
     ``tierflow.torch.OffloadAdamW`` over ``model.parameters()``: it updates the tier copies in
     place. See the module's comment for how it works."""

@@ -16,14 +16,14 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-import threading
 import weakref
 from collections import defaultdict
 from typing import Optional
 
 import torch
 
-from tierflow import _capi, _dtensor, _state
+from tierflow import _capi, _devices, _dtensor, _params, _state
+from tierflow._params import OffloadedParameters, offload_parameters
 
 __all__ = ["OffloadAdam", "OffloadAdamW", "OffloadedParameters", "offload_parameters"]
 
@@ -39,28 +39,7 @@ _OVERLAPS = ("none", "backward", "backward_publish")
 # Flags of torch's Adam(W) that tierflow's step does not implement: name -> what is accepted.
 _UNSUPPORTED = ("amsgrad", "maximize", "capturable", "differentiable", "fused")
 
-_devices: dict = {}
-_devices_lock = threading.Lock()
-
-
-def _device_handle(device: torch.device) -> ctypes.c_void_p:
-    """The process's tf_device for a torch device (opened once, kept for the process)."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        spec = f"cuda:{index}"
-    else:
-        spec = "emulated"
-    with _devices_lock:
-        handle = _devices.get(spec)
-        if handle is None:
-            handle = ctypes.c_void_p()
-            _capi.call("tf_device_open", spec.encode(), ctypes.byref(handle))
-            _devices[spec] = handle
-    return handle
-
-
-def _stream(device: torch.device) -> Optional[int]:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+_stream = _devices.native_stream
 
 
 def _label(param, index: int, group: int) -> str:
@@ -88,17 +67,20 @@ def _check_param(param, label: str) -> None:
     if param.dtype not in _DTYPES:
         raise TypeError(f"{label}: dtype {param.dtype} is not supported "
                         "(float32, bfloat16 or float16)")
-    if not param.is_contiguous() and not hasattr(param, "_tierflow_home"):
+    if not param.is_contiguous() and _params.weight_of(param) is None:
         raise ValueError(f"{label}: the param is not contiguous")
     if param.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{label}: params on {param.device} are not supported (cpu or cuda)")
 
 
 def _home(param) -> tuple:
-    """(address, on host) of the memory the step updates: a weight offload_parameters moved
-    into a tier is updated in its tier copy (host memory); any other param in place."""
-    home = getattr(param, "_tierflow_home", None)
-    return (home, 1) if home is not None else (_dtensor.local(param).data_ptr(), 0)
+    """Where the step updates ``param``: ("weight", session, index) for a weight that
+    offload_parameters holds in a tier (its tier copy, in that session), else ("memory",
+    address) (in place)."""
+    weight = _params.weight_of(param)
+    if weight is not None:
+        return ("weight", weight[0].value, weight[1])
+    return ("memory", _dtensor.local(param).data_ptr())
 
 
 def _holds_elements(param) -> bool:
@@ -304,7 +286,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         that offload_parameters moved into a tier, on CUDA (their grads would fill HBM)."""
         release = self._options.get("release_grads")
         if release is None:
-            return p.device.type == "cuda" and hasattr(p, "_tierflow_home")
+            return p.device.type == "cuda" and _params.weight_of(p) is not None
         return release
 
     def _release(self, i: int, p, g) -> None:
@@ -441,37 +423,50 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                                float(group["eps"]), float(group["weight_decay"]), decoupled, 1)
 
     def _create(self, device, entries, groups) -> ctypes.c_void_p:
+        """The C optimizer: in the session of the offloaded weights among the params (which
+        updates their tier copies), else on the params' device."""
         params = (_capi.AdamParam * len(entries))()
+        weights = (ctypes.c_size_t * len(entries))()
+        sessions = set()
         names = []
         for i, (ci, p) in enumerate(entries):
             names.append(f"param {i}".encode())
+            home = _home(p)
+            weights[i] = home[2] if home[0] == "weight" else _capi.NO_WEIGHT
+            if home[0] == "weight":
+                sessions.add(_params.weight_of(p)[0].value)
             # No grad pointer at creation: step_on gives each step's grads (NULL for a param
             # without one).
-            address, on_host = _home(p)
+            address = home[1] if home[0] == "memory" else None
             params[i] = _capi.AdamParam(names[-1], address, None, _DTYPES[p.dtype],
-                                        _dtensor.local(p).numel(), ci, on_host)
+                                        _dtensor.local(p).numel(), ci, 0)
+        if len(sessions) > 1:
+            raise ValueError("the params hold weights of several offload_parameters handles: "
+                             "one optimizer updates the weights of one handle")
         hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
                                                      for gi in groups])
         options = _capi.AdamOptions()
         _capi.lib.tf_adam_options_default(ctypes.byref(options))
         o = self._options
         options.mode = _capi.ADAM_MODES[o["mode"]]
-        if any(_home(p)[1] for _, p in entries):
-            # Weights in a tier are updated there, by the cpu step.
-            if o["mode"] == "streamed":
-                raise ValueError("mode='streamed' cannot update weights that offload_parameters "
-                                 "moved into a tier (the cpu step updates them in place); use "
-                                 "mode='cpu' or 'auto'")
-            options.mode = _capi.ADAM_CPU
         options.chunk_elements = o["chunk_elements"] or 0
         options.threads = o["threads"] or 0
         options.overlap = _OVERLAPS.index(o.get("overlap", "none"))
         options.max_grad_norm = o["max_grad_norm"] or 0.0
+        adam = ctypes.c_void_p()
+        if sessions:
+            if o["placement"] is not None:
+                raise ValueError("placement= cannot apply to an optimizer over weights that "
+                                 "offload_parameters holds: their handle's placement places "
+                                 "the state (offload_parameters(..., placement=...))")
+            _capi.call("tf_session_adam_create", ctypes.c_void_p(sessions.pop()), params,
+                       len(entries), weights, hypers, len(groups), ctypes.byref(options),
+                       ctypes.byref(adam))
+            return adam
         placement = o["placement"].encode() if o["placement"] is not None else None
         options.placement = placement
-        adam = ctypes.c_void_p()
-        _capi.call("tf_adam_create", _device_handle(device), params, len(entries), hypers,
-                   len(groups), ctypes.byref(options), ctypes.byref(adam))
+        _capi.call("tf_adam_create", _devices.device_handle(device), params, len(entries),
+                   hypers, len(groups), ctypes.byref(options), ctypes.byref(adam))
         return adam
 
     def _push_hypers(self) -> None:
@@ -736,5 +731,3 @@ class OffloadAdam(_OffloadAdamBase):
     _torch_class = torch.optim.Adam
     _decoupled = 0
 
-
-from tierflow._params import OffloadedParameters, offload_parameters  # noqa: E402
