@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct session_weight {
   /** Its tier copy, host memory that outlives the session; nullptr: the session allocates it
    * in a host tier (class `params` of its placement) and frees it with itself. */
   void* data = nullptr;
+  /** Kept in HBM for the session's lifetime (a hot weight), never staged; its HBM copy is
+   * resident_pointer(), written back to the tier copy when the session ends. */
+  bool resident = false;
 };
 
 /** @brief How a session stages its weights. */
@@ -51,10 +55,19 @@ struct session_options {
   std::uint64_t hbm_budget_bytes = 0;
   bool adaptive = false;  ///< the window adapts to stalls, within the budget
   bool trace = false;     ///< record a Perfetto trace (scheduler().trace_json())
-  /** Placement spec for the weights it allocates and the optimizer's state (as
-   * TIERFLOW_PLACEMENT takes); empty: TIERFLOW_PLACEMENT, else the defaults. */
-  std::string placement;
+  /** The placement of the weights it allocates and of the optimizer's state (its spec, as
+   * TIERFLOW_PLACEMENT takes; unset: TIERFLOW_PLACEMENT, else the defaults). */
+  placement_options placement;
 };
+
+/**
+ * @brief The plan a session streams @p blocks with: a buffer per weight (named as given, else
+ * `block<b>.w<j>`; its data as given, null where the session would allocate it), then 2 x
+ * blocks steps: `fwd<b>` over the blocks in order, `bwd<b>` in reverse, each using its block's
+ * weights. For a model of the pipeline (predict_schedule) before any memory exists.
+ * @throws tierflow::error for no blocks, an empty block, a zero size or a duplicate name
+ */
+[[nodiscard]] schedule_plan session_plan(const std::vector<std::vector<session_weight>>& blocks);
 
 /** @brief Which half of a training pass a block runs in. */
 enum class pass_direction { forward, backward };
@@ -90,10 +103,14 @@ class session {
    * @brief Sets the weight plan: @p blocks[b] are block b's weights. The plan is 2 x blocks
    * steps (forward over the blocks, then backward over them in reverse), each using its
    * block's weights; nothing of the next pass is staged before it starts. Allowed once.
+   * @p initialize (may be empty) is called with each weight's index and tier copy once the
+   * copies exist and before anything is staged or uploaded (resident weights are uploaded
+   * from them here): to write the initial values.
    * @throws tierflow::error for no blocks, an empty block, a zero size, a duplicate name, a
    *         second call; out_of_capacity when the tiers or HBM cannot hold it
    */
-  void set_blocks(std::vector<std::vector<session_weight>> blocks);
+  void set_blocks(std::vector<std::vector<session_weight>> blocks,
+                  const std::function<void(std::size_t, void*)>& initialize = {});
   [[nodiscard]] std::size_t block_count() const noexcept;
   [[nodiscard]] std::size_t weight_count() const noexcept;
   /** @brief The session-wide index of weight @p index of block @p block. @throws error */
@@ -104,6 +121,8 @@ class session {
    * open (after end_pass() or before the first acquire). @throws error out of range */
   [[nodiscard]] void* weight_host(std::size_t weight) const;
   [[nodiscard]] std::size_t weight_bytes(std::size_t weight) const;
+  /** @brief The HBM copy of a resident weight. @throws tierflow::error if not resident */
+  [[nodiscard]] void* resident_pointer(std::size_t weight) const;
   [[nodiscard]] const std::string& weight_name(std::size_t weight) const;
   /** @brief The tier the session allocated weight @p weight in (e.g. `dram0`, or
    * `dram0:3+cxl0:1` when interleaved); empty for memory the caller gave. */

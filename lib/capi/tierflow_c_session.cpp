@@ -42,7 +42,7 @@ std::vector<std::vector<tierflow::session_weight>> blocks_of(const tf_session_we
     }
     for (std::size_t j = 0; j < block_sizes[b]; ++j, ++next) {
       const tf_session_weight& w = weights[next];
-      blocks[b].push_back({w.name != nullptr ? w.name : "", w.bytes, w.data});
+      blocks[b].push_back({w.name != nullptr ? w.name : "", w.bytes, w.data, false});
     }
   }
   return blocks;
@@ -84,7 +84,7 @@ tf_status tf_session_create(tf_device* device, const tf_session_options* options
     so.adaptive = o.adaptive != 0;
     so.trace = o.trace != 0;
     if (o.placement != nullptr) {
-      so.placement = o.placement;
+      so.placement.spec = std::string(o.placement);
     }
     auto h = std::make_unique<tf_session>();
     h->s = std::make_shared<tierflow::session>(device->dev, std::move(so));

@@ -26,12 +26,8 @@ std::size_t element_bytes(param_dtype dtype) {
   return dtype == param_dtype::f32 ? 4 : 2;
 }
 
-placement_options placement_of(const session_options& o) {
-  placement_options po;
-  if (!o.placement.empty()) {
-    po.spec = o.placement;
-  }
-  return po;
+std::string weight_name(const session_weight& w, std::size_t block, std::size_t index) {
+  return w.name.empty() ? "block" + std::to_string(block) + ".w" + std::to_string(index) : w.name;
 }
 
 }  // namespace
@@ -64,7 +60,7 @@ struct session::impl final : param_write_guard {
       : dev(std::move(d)),
         topo(std::move(t)),
         options(std::move(o)),
-        placement(topo, placement_of(options)) {}
+        placement(topo, options.placement) {}
 
   [[nodiscard]] std::size_t steps() const { return 2 * blocks.size(); }
   [[nodiscard]] std::size_t block_of_step(std::size_t step) const {
@@ -80,7 +76,8 @@ struct session::impl final : param_write_guard {
     return *sched;
   }
 
-  void build(std::vector<std::vector<session_weight>> in);
+  void build(std::vector<std::vector<session_weight>> in,
+             const std::function<void(std::size_t, void*)>& initialize);
   const staged_step& stage(std::size_t step);
   void release();
   void end_pass();
@@ -99,40 +96,28 @@ struct session::impl final : param_write_guard {
   }
 };
 
-void session::impl::build(std::vector<std::vector<session_weight>> in) {
-  TIERFLOW_EXPECTS(!in.empty(), "session: the weight plan has no blocks");
-  std::set<std::string> names;
-  schedule_plan plan;
+void session::impl::build(std::vector<std::vector<session_weight>> in,
+                          const std::function<void(std::size_t, void*)>& initialize) {
+  schedule_plan plan = session_plan(in);  // checks the blocks first
   for (std::size_t b = 0; b < in.size(); ++b) {
-    TIERFLOW_EXPECTS(!in[b].empty(), "session: block " + std::to_string(b) + " has no weights");
     blocks.emplace_back();
     for (std::size_t j = 0; j < in[b].size(); ++j) {
       session_weight& w = in[b][j];
-      const std::string name =
-          w.name.empty() ? "block" + std::to_string(b) + ".w" + std::to_string(j) : w.name;
-      TIERFLOW_EXPECTS(w.bytes > 0, "session: weight '" + name + "' has 0 bytes");
-      TIERFLOW_EXPECTS(names.insert(name).second, "session: two weights are named '" + name + "'");
-      void* host = w.data;
       std::string tier;
-      if (host == nullptr) {
+      if (w.data == nullptr) {
         owned.push_back(placement.allocate(data_class::params, w.bytes));
-        host = owned.back().data();
+        w.data = owned.back().data();
         tier = owned.back().tier();
       }
-      blocks.back().push_back(weights.size());
-      at.emplace(host, weights.size());
-      weights.push_back({name, w.bytes, host, b, tier});
-      plan.add_buffer({name, host, w.bytes, false, false});
+      const std::size_t id = weights.size();
+      plan.buffers[id].data = w.data;
+      blocks.back().push_back(id);
+      at.emplace(w.data, id);
+      weights.push_back({plan.buffers[id].name, w.bytes, w.data, b, tier});
+      if (initialize) {
+        initialize(id, w.data);
+      }
     }
-  }
-  const auto uses = [&](std::size_t b) {
-    return std::vector<buffer_id>(blocks[b].begin(), blocks[b].end());
-  };
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    plan.add_step({"fwd" + std::to_string(b), uses(b), {}});
-  }
-  for (std::size_t b = blocks.size(); b-- > 0;) {
-    plan.add_step({"bwd" + std::to_string(b), uses(b), {}});
   }
   scheduler_options so;
   so.window = options.window;
@@ -214,6 +199,31 @@ void session::impl::resolve(std::vector<adam_group>& groups) const {
   }
 }
 
+schedule_plan session_plan(const std::vector<std::vector<session_weight>>& blocks) {
+  TIERFLOW_EXPECTS(!blocks.empty(), "session: the weight plan has no blocks");
+  std::set<std::string> names;
+  schedule_plan plan;
+  std::vector<std::vector<buffer_id>> uses;
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    TIERFLOW_EXPECTS(!blocks[b].empty(), "session: block " + std::to_string(b) + " has no weights");
+    uses.emplace_back();
+    for (std::size_t j = 0; j < blocks[b].size(); ++j) {
+      const session_weight& w = blocks[b][j];
+      std::string name = weight_name(w, b, j);
+      TIERFLOW_EXPECTS(w.bytes > 0, "session: weight '" + name + "' has 0 bytes");
+      TIERFLOW_EXPECTS(names.insert(name).second, "session: two weights are named '" + name + "'");
+      uses.back().push_back(plan.add_buffer({std::move(name), w.data, w.bytes, w.resident, false}));
+    }
+  }
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    plan.add_step({"fwd" + std::to_string(b), uses[b], {}});
+  }
+  for (std::size_t b = blocks.size(); b-- > 0;) {
+    plan.add_step({"bwd" + std::to_string(b), uses[b], {}});
+  }
+  return plan;
+}
+
 session::session(std::shared_ptr<device> dev, session_options options)
     : session(dev, topology::discover(), std::move(options)) {}
 
@@ -252,10 +262,11 @@ const session_options& session::options() const noexcept {
   return impl_->options;
 }
 
-void session::set_blocks(std::vector<std::vector<session_weight>> blocks) {
+void session::set_blocks(std::vector<std::vector<session_weight>> blocks,
+                         const std::function<void(std::size_t, void*)>& initialize) {
   TIERFLOW_EXPECTS(impl_->sched == nullptr, "session: the weight plan is set already");
   try {
-    impl_->build(std::move(blocks));
+    impl_->build(std::move(blocks), initialize);
   } catch (...) {
     // Nothing half-built stays: the call may be made again.
     impl_->sched.reset();
@@ -295,6 +306,11 @@ void* session::weight_host(std::size_t weight) const {
 std::size_t session::weight_bytes(std::size_t weight) const {
   impl_->check_weight(weight);
   return impl_->weights[weight].bytes;
+}
+
+void* session::resident_pointer(std::size_t weight) const {
+  impl_->check_weight(weight);
+  return impl_->scheduler().resident_pointer(static_cast<buffer_id>(weight));
 }
 
 const std::string& session::weight_tier(std::size_t weight) const {

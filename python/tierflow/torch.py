@@ -484,7 +484,7 @@ class _OffloadAdamBase(torch.optim.Optimizer):
         """Re-reads the masters of params changed outside the optimizer (an in-place write
         bumps the tensor's version: model.load_state_dict, a manual edit)."""
         for i, (_, p) in enumerate(self._entries):
-            if _home(p)[1]:
+            if _home(p)[0] == "weight":
                 continue  # a weight in a tier changes only by the step
             if _dtensor.version(p) != self._versions[i]:
                 _capi.call("tf_adam_refresh_master", self._adam, i)

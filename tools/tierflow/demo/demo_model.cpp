@@ -132,20 +132,17 @@ std::uint64_t demo_layer_bytes(const demo_options& o) {
   return o.width * o.width * sizeof(float);
 }
 
-schedule_plan demo_plan(const demo_options& o, const std::vector<void*>& host, bool resident) {
-  const std::size_t layer_bytes = demo_layer_bytes(o);
-  schedule_plan plan;
+std::vector<std::vector<session_weight>> demo_blocks(const demo_options& o, bool resident) {
+  std::vector<std::vector<session_weight>> blocks;
   for (std::size_t l = 0; l < o.layers; ++l) {
-    plan.add_buffer({"layer" + std::to_string(l) + ".w", host.empty() ? nullptr : host[l],
-                     layer_bytes, resident, false});
+    blocks.push_back(
+        {{"layer" + std::to_string(l) + ".w", demo_layer_bytes(o), nullptr, resident}});
   }
-  for (std::size_t l = 0; l < o.layers; ++l) {
-    plan.add_step({"fwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
-  }
-  for (std::size_t l = o.layers; l-- > 0;) {
-    plan.add_step({"bwd" + std::to_string(l), {static_cast<buffer_id>(l)}, {}});
-  }
-  return plan;
+  return blocks;
+}
+
+schedule_plan demo_plan(const demo_options& o) {
+  return session_plan(demo_blocks(o, false));
 }
 
 std::uint64_t demo_staging_budget(const demo_options& o) {

@@ -15,6 +15,7 @@
 #include "demo/demo_options.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
+#include "tierflow/session.hpp"
 
 namespace tierflow::cli::demo {
 
@@ -56,10 +57,13 @@ struct resident_adam {
 /** @brief Bytes of one layer's weights. */
 std::uint64_t demo_layer_bytes(const demo_options& o);
 
-/** @brief The plan train() runs: a buffer per layer (its host copy in @p host, or null when
- *  @p host is empty), forward 0 .. L-1, backward L-1 .. 0, one layer each. */
-schedule_plan demo_plan(const demo_options& o, const std::vector<void*>& host = {},
-                        bool resident = false);
+/** @brief The demo's model as session blocks: a block per layer, its one weight (`layer<l>.w`)
+ *  allocated by the session; @p resident: kept in HBM (the reference run). */
+std::vector<std::vector<session_weight>> demo_blocks(const demo_options& o, bool resident);
+
+/** @brief The plan the session streams the offloaded run with (session_plan of demo_blocks),
+ *  for the model of `tierflow tune`. */
+schedule_plan demo_plan(const demo_options& o);
 
 /** @brief The scheduler's HBM budget for the offloaded run by default: default_hbm_budget()
  *  of demo_plan() (the model of `tierflow tune` needs the figure before a scheduler exists). */

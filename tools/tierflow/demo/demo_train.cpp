@@ -1,10 +1,10 @@
 // One training run of the demo's model (demo_train.hpp).
 //
-// Each iteration is one plan pass: forward layer 0 .. L-1, then backward L-1 .. 0, each step
-// reading its layer's weights from a staging slot, the compute stream doing the math through
-// demo_compute. Then the scheduler is flushed (the host copies are about to change) and
-// offload_adam steps: the grads come down, the update runs in the tier, the new weights land in
-// the host copies.
+// A client of tierflow::session: each iteration is one pass of the session, forward layer
+// 0 .. L-1, then backward L-1 .. 0, each layer's weights read from their staging, the compute
+// stream doing the math through demo_compute; layer 0's backward ends the pass. Then the
+// session's optimizer steps: the grads come down, the update runs in the tier, the new weights
+// land in the tier copies (the session guarantees nothing of them is staged or in flight).
 #include "demo/demo_train.hpp"
 
 #include <chrono>
@@ -51,40 +51,17 @@ layer_buffers allocate_layer_buffers(const demo_options& o, device_buffers& buf)
   return b;
 }
 
-// The weights' host-tier copies (cold parameters), holding @p init.
-std::vector<tier_allocation> allocate_host_weights(const demo_options& o,
-                                                   placement_policy& placement,
-                                                   const std::vector<std::vector<float>>& init) {
-  const std::size_t layer_bytes = demo_layer_bytes(o);
-  std::vector<tier_allocation> host;
-  for (std::size_t l = 0; l < o.layers; ++l) {
-    host.push_back(placement.allocate(data_class::params, layer_bytes));
-    std::memcpy(host.back().data(), init[l].data(), layer_bytes);
-  }
-  return host;
-}
-
-std::vector<void*> pointers_of(std::vector<tier_allocation>& allocations) {
-  std::vector<void*> out;
-  for (auto& a : allocations) {
-    out.push_back(a.data());
-  }
-  return out;
-}
-
-scheduler_options demo_scheduler_options(const demo_options& o, bool resident) {
-  scheduler_options so;
+// The session of a run: the layers' weights as its blocks, staged `window` layers ahead (the
+// reference run: every weight resident in HBM).
+session_options demo_session_options(const demo_options& o, bool resident) {
+  session_options so;
   so.window = o.window;
   so.trace = !resident;
-  // The optimizer rewrites the weights' host copies after each backward pass: what the last
-  // layers staged of the next forward would be dropped unused by the flush before it.
-  so.prefetch_across_iterations = false;
-  const std::uint64_t slack = 256 * (o.layers + 4);
-  so.hbm_budget_bytes =
-      resident ? o.layers * demo_layer_bytes(o) + slack
-               : (o.hbm_budget_mib > 0 ? static_cast<std::uint64_t>(o.hbm_budget_mib * 1048576.0)
-                                       : demo_staging_budget(o));
-  return so;
+  so.placement = demo_placement_options(o);
+  if (!resident && o.hbm_budget_mib > 0) {
+    so.hbm_budget_bytes = static_cast<std::uint64_t>(o.hbm_budget_mib * 1048576.0);
+  }
+  return so;  // otherwise the scheduler's default: the window's layers, or all of them resident
 }
 
 adam_hyper demo_adam_hyper(const demo_options& o) {
@@ -94,28 +71,25 @@ adam_hyper demo_adam_hyper(const demo_options& o) {
   return hyper;
 }
 
-// offload_adam over the host copies and the device grads, its state placed by @p placement.
-std::unique_ptr<offload_adam> make_offload_adam(const demo_options& o, device& dev,
-                                                std::vector<tier_allocation>& host_weights,
-                                                const std::vector<float*>& grads,
-                                                placement_policy& placement) {
+// The session's optimizer over its weights (updated in their tier copies) and the device grads.
+offload_adam& make_offload_adam(const demo_options& o, session& sess,
+                                const std::vector<float*>& grads) {
   const std::size_t n = o.width * o.width;
   adam_group group;
   group.hyper = demo_adam_hyper(o);
   for (std::size_t l = 0; l < o.layers; ++l) {
     adam_param p;
     p.name = "layer" + std::to_string(l) + ".w";
-    p.param = host_weights[l].data();
+    p.weight = l;
     p.grad = grads[l];
     p.elements = n;
-    p.param_on_host = true;
     group.params.push_back(p);
   }
   adam_options ao;
   ao.mode = checked_adam_mode(o.adam_mode);
   ao.chunk_elements = std::min<std::size_t>(n, o.adam_chunk);
   ao.overlap = checked_adam_overlap(o.overlap);
-  return std::make_unique<offload_adam>(dev, std::vector<adam_group>{group}, ao, placement);
+  return sess.make_optimizer({group}, ao);
 }
 
 // The pages of the optimizer's state per class: {class: {"total": pages, "nodes": {...}}}.
@@ -132,8 +106,8 @@ json state_pages_of(const offload_adam& adam) {
   return out;
 }
 
-// One run's state, in the order it is built and (reversed) torn down: the scheduler outlives
-// the device buffers and the optimizer that use its host copies and grads.
+// One run's state, in the order it is built and (reversed) torn down: the session (weights,
+// scheduler, optimizer) outlives the device buffers; its optimizer goes first, with it.
 class trainer {
  public:
   trainer(const demo_options& o, device& dev, const topology& topo, bool resident);
@@ -152,14 +126,12 @@ class trainer {
   bool resident_;
   std::mt19937_64 gen_;
   data_set data_;
-  placement_policy placement_;
-  std::vector<tier_allocation> host_weights_;
-  prefetch_scheduler sched_;
+  session sess_;
   device_buffers buf_;
   layer_buffers layers_;
   std::vector<float> pinned_x_, pinned_t_;  // the batch, host side
   std::unique_ptr<demo_compute> math_;
-  std::unique_ptr<offload_adam> adam_;
+  offload_adam* adam_ = nullptr;  // the session's
   resident_adam reference_;
   std::vector<double> loss_slot_ = std::vector<double>(1, 0.0);
 };
@@ -170,16 +142,21 @@ trainer::trainer(const demo_options& o, device& dev, const topology& topo, bool 
       resident_(resident),
       gen_(o.seed),
       data_(make_data(o, gen_)),
-      placement_(topo, demo_placement_options(o)),
-      host_weights_(allocate_host_weights(o, placement_, init_weights(o, gen_))),
-      sched_(dev, demo_plan(o, pointers_of(host_weights_), resident),
-             demo_scheduler_options(o, resident)),
+      // train()'s caller owns the device, which outlives the run: a non-owning pointer.
+      sess_(std::shared_ptr<device>(std::shared_ptr<device>(), &dev), topo,
+            demo_session_options(o, resident)),
       buf_(dev),
       layers_(allocate_layer_buffers(o, buf_)),
       pinned_x_(o.batch * o.width),
       pinned_t_(o.batch * o.width),
       math_(make_compute(dev, o.batch, o.width)) {
   const std::size_t n = o.width * o.width;
+  // The weights' tier copies hold the initial weights before the session stages any (the
+  // resident run's are uploaded from them when the plan is set).
+  const std::vector<std::vector<float>> init = init_weights(o, gen_);
+  sess_.set_blocks(demo_blocks(o, resident), [&](std::size_t w, void* host) {
+    std::memcpy(host, init[w].data(), init[w].size() * sizeof(float));
+  });
   if (resident) {
     reference_.hyper = demo_adam_hyper(o);
     for (std::size_t l = 0; l < o.layers; ++l) {
@@ -189,7 +166,7 @@ trainer::trainer(const demo_options& o, device& dev, const topology& topo, bool 
       math_->zero(dev.compute_stream(), reference_.v.back(), n);
     }
   } else {
-    adam_ = make_offload_adam(o, dev, host_weights_, layers_.grads, placement_);
+    adam_ = &make_offload_adam(o, sess_, layers_.grads);
   }
 }
 
@@ -208,7 +185,7 @@ void trainer::upload_batch(std::size_t step) {
 
 void trainer::forward_pass() {
   for (std::size_t l = 0; l < o_.layers; ++l) {
-    const staged_step& st = sched_.acquire(l);
+    const staged_step& st = sess_.acquire(l, pass_direction::forward);
     const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
     const bool last = l + 1 == o_.layers;
     math_->forward(st.compute(), layers_.acts[l], wl, layers_.acts[l + 1], !last);
@@ -216,7 +193,7 @@ void trainer::forward_pass() {
       math_->loss(st.compute(), layers_.acts[l + 1], layers_.target, layers_.dh_a,
                   loss_slot_.data());
     }
-    sched_.release(l, false);
+    sess_.release();
   }
 }
 
@@ -225,7 +202,7 @@ void trainer::forward_pass() {
 void trainer::backward_pass(bool announce) {
   for (std::size_t k = 0; k < o_.layers; ++k) {
     const std::size_t l = o_.layers - 1 - k;
-    const staged_step& st = sched_.acquire(o_.layers + k);
+    const staged_step& st = sess_.acquire(l, pass_direction::backward);
     const auto* wl = static_cast<const float*>(st.pointer(static_cast<buffer_id>(l)));
     float* dz = k % 2 == 0 ? layers_.dh_a : layers_.dh_b;
     float* dh_next = k % 2 == 0 ? layers_.dh_b : layers_.dh_a;
@@ -234,7 +211,7 @@ void trainer::backward_pass(bool announce) {
     if (announce) {
       adam_->grad_ready(0, l);
     }
-    sched_.release(o_.layers + k, false);
+    sess_.release();  // block 0's ends the pass: nothing staged, the tier copies current
   }
 }
 
@@ -242,7 +219,7 @@ void trainer::optimizer_step() {
   if (resident_) {
     std::vector<float*> params;
     for (std::size_t l = 0; l < o_.layers; ++l) {
-      params.push_back(static_cast<float*>(sched_.resident_pointer(static_cast<buffer_id>(l))));
+      params.push_back(static_cast<float*>(sess_.resident_pointer(l)));
     }
     math_->adam_step(dev_.compute_stream(), reference_, params, layers_.grads, o_.width * o_.width);
     dev_.compute_stream().synchronize();
@@ -256,7 +233,7 @@ void trainer::optimizer_step() {
 
 // A progress line on stderr, its step time averaged since @p batch_start (which moves on).
 void trainer::log_progress(std::size_t step, clock_type::time_point& batch_start) {
-  const auto m = sched_.metrics();
+  const auto m = sess_.scheduler().metrics();
   const double dt = std::chrono::duration<double>(clock_type::now() - batch_start).count() /
                     static_cast<double>(o_.log_every);
   batch_start = clock_type::now();
@@ -283,9 +260,6 @@ run_result trainer::run(bool quiet) {
     upload_batch(step);
     forward_pass();
     backward_pass(announce);
-    if (!resident_) {
-      sched_.flush();  // the host copies change in step(): nothing may stay staged
-    }
     compute.synchronize();  // the backward pass is over: what follows is the exposed step
     result.forward_backward_seconds.push_back(since(step_start));
     const auto adam_start = clock_type::now();
@@ -301,7 +275,7 @@ run_result trainer::run(bool quiet) {
     }
   }
   result.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
-  sched_.flush();
+  sess_.end_pass();
   collect(result);
   return result;
 }
@@ -313,24 +287,24 @@ void trainer::collect(run_result& result) {
   for (std::size_t l = 0; l < o_.layers; ++l) {
     if (resident_) {  // device memory: copied down
       result.final_weights.emplace_back(n);
-      dev_.copy_async(result.final_weights.back().data(),
-                      sched_.resident_pointer(static_cast<buffer_id>(l)), n * sizeof(float),
-                      copy_kind::d2h, compute);
+      dev_.copy_async(result.final_weights.back().data(), sess_.resident_pointer(l),
+                      n * sizeof(float), copy_kind::d2h, compute);
     } else {
-      const auto* src = static_cast<const float*>(host_weights_[l].data());
+      const auto* src = static_cast<const float*>(sess_.weight_host(l));
       result.final_weights.emplace_back(src, src + n);
     }
   }
   compute.synchronize();
-  result.sched = sched_.metrics();
-  result.sched_json = sched_.snapshot_json();
-  result.prometheus = sched_.prometheus_text();
-  result.trace = sched_.trace_json();
+  prefetch_scheduler& sched = sess_.scheduler();
+  result.sched = sched.metrics();
+  result.sched_json = sched.snapshot_json();
+  result.prometheus = sched.prometheus_text();
+  result.trace = sched.trace_json();
   if (adam_) {
     result.adam = adam_->metrics();
     result.state_pages = state_pages_of(*adam_);
   }
-  result.placement = placement_.snapshot();
+  result.placement = sess_.placement().snapshot();
 }
 
 }  // namespace
