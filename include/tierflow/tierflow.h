@@ -386,12 +386,11 @@ tf_status tf_session_adam_create(tf_session* session, const tf_adam_param* param
                                  const size_t* weights, const tf_adam_hyper* hypers, size_t groups,
                                  const tf_adam_options* options, tf_adam** out);
 
-/* The machine's memory topology as JSON, discovered now (session NULL) or the one a session
- * discovered: {"initiator_node":N,"tiers":[{"name","kind","nodes":[..],"capacity_bytes",
- * "free_bytes","nearest_gpus":[..]},...],"nodes":[{"id","tier","kind","cpus":N,"why"},...],
- * "gpus":[{"index","numa_node"},...]}. */
-tf_status tf_topology_json(const tf_session* session, char* buffer, size_t capacity,
-                           size_t* needed);
+/* The machine's memory topology as JSON, discovered now: the document of `tierflow topo --json`
+ * (docs/topology.md: tiers, nodes with has_cpu and kind, the initiator, gpus with cuda_index,
+ * pci_bus_id and nearest_nodes). sysfs_root: NULL for the live machine (sysfs, hwloc, CUDA);
+ * else the root of a sysfs tree to read instead (a captured one; no hwloc, no CUDA). */
+tf_status tf_topology_json(const char* sysfs_root, char* buffer, size_t capacity, size_t* needed);
 
 #ifdef __cplusplus
 }

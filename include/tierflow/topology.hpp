@@ -112,6 +112,9 @@ struct tier {
   std::vector<int> nearest_gpus;  ///< indices into topology::gpus() nearest to these nodes
 };
 
+/** @brief The version of to_json()'s document. */
+inline constexpr int topology_json_schema_version = 1;
+
 /** @brief What topology::discover() reads. */
 struct discovery_options {
   /** @brief Prefix of /sys; tests point it at a fake tree. */
@@ -240,5 +243,14 @@ class topology {
   std::filesystem::path sysfs_root_;
   bool memory_from_sysfs_ = false;
 };
+
+/**
+ * @brief @p topo as JSON, the document of `tierflow topo --json` (docs/topology.md):
+ * schema_version, sources, initiator, tiers_override, gpu_status, tiers (name, kind, nodes,
+ * gpu, capacity_bytes, free_bytes, perf, nearest_gpus), nodes (id, has_cpu, cpus, capacity and
+ * free bytes, memory_tier, hwloc_subtype, dax_device, kind, kind_reason, distances), access and
+ * gpus (index, cuda_index, name, pci_bus_id, memory bytes, nearest_nodes).
+ */
+[[nodiscard]] std::string to_json(const topology& topo);
 
 }  // namespace tierflow

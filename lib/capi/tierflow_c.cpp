@@ -281,6 +281,20 @@ tf_status tf_device_copy(tf_device* device, void* dst, const void* src, size_t b
   });
 }
 
+tf_status tf_topology_json(const char* sysfs_root, char* buffer, size_t capacity, size_t* needed) {
+  std::string json;
+  const tf_status s = guarded("tf_topology_json", [&] {
+    tierflow::discovery_options o;
+    if (sysfs_root != nullptr) {
+      o.sysfs_root = sysfs_root;
+      o.use_hwloc = false;
+      o.use_cuda = false;
+    }
+    json = tierflow::to_json(tierflow::topology::discover(o));
+  });
+  return s != TF_OK ? s : json_out("tf_topology_json", json, buffer, capacity, needed);
+}
+
 tf_status tf_adam_create(tf_device* device, const tf_adam_param* params, size_t count,
                          const tf_adam_hyper* hypers, size_t groups, const tf_adam_options* options,
                          tf_adam** out) {

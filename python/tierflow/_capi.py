@@ -252,6 +252,7 @@ _PROTOTYPES = {
         [c_void_p, POINTER(AdamParam), c_size_t, POINTER(c_size_t), POINTER(AdamHyper),
          c_size_t, POINTER(AdamOptions), POINTER(_ADAM)],
     ),
+    "tf_topology_json": (_STATUS, [c_char_p, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
     "tf_sched_options_default": (None, [POINTER(SchedOptions)]),
     "tf_scheduler_create": (
         _STATUS,

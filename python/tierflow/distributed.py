@@ -5,8 +5,9 @@ tierflow does not shard: an engine you already run does (``ZeroRedundancyOptimiz
 shard to its own node's tiers. This module adds what a rank needs around that; see
 docs/distributed.md.
 
-Placement rule (:func:`local_node`): a rank whose GPU's PCI device names a NUMA node uses that
-node; any other rank (no GPU, or a GPU whose node is unknown) takes the machine's DRAM nodes
+Placement rule (:func:`local_node`): a rank whose GPU has a nearest NUMA node in the library's
+topology (``tf_topology_json``, the document ``tierflow topo --json`` prints) uses that node;
+any other rank (no GPU, or a GPU whose node is unknown) takes the machine's DRAM nodes
 (nodes with CPUs and memory, in order) round-robin by local rank: local rank r gets node
 ``dram_nodes[r % len(dram_nodes)]``. :func:`local_placement` turns that node into a placement
 spec for ``OffloadAdamW(placement=...)``.
@@ -14,37 +15,33 @@ spec for ``OffloadAdamW(placement=...)``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from tierflow import _capi
 
 __all__ = ["dram_nodes", "format_table", "gather_metrics", "local_node", "local_placement"]
 
 _STATE_CLASSES = ("optimizer_state", "master_params")
 
 
-def _node_list(text: str) -> list[int]:
-    """Parses a sysfs node list such as ``0-2,4``."""
-    nodes = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        nodes.extend(range(int(first), int(last or first) + 1))
-    return nodes
+def _topology(sysfs_root) -> dict:
+    """The library's topology document (tf_topology_json, as ``tierflow topo --json`` prints
+    it): the live machine, or the sysfs tree under ``sysfs_root``."""
+    root = os.fspath(sysfs_root)
+    return _capi.json_call("tf_topology_json", None if root in ("", "/") else root.encode())
 
 
 def dram_nodes(sysfs_root="/") -> list[int]:
-    """NUMA nodes with both CPUs and memory, ascending (``[0]`` when sysfs says nothing)."""
-    base = Path(sysfs_root) / "sys/devices/system/node"
+    """NUMA nodes with both CPUs and memory, ascending (``[0]`` when the topology names
+    none or cannot be read)."""
     try:
-        cpus = set(_node_list((base / "has_cpu").read_text()))
-        memory = set(_node_list((base / "has_memory").read_text()))
-    except OSError:
+        topo = _topology(sysfs_root)
+    except _capi.TierflowError:
         return [0]
-    return sorted(cpus & memory) or [0]
+    return sorted(n["id"] for n in topo["nodes"] if n["has_cpu"]) or [0]
 
 
 def _local_rank(local_rank: Optional[int]) -> int:
@@ -55,21 +52,21 @@ def _local_rank(local_rank: Optional[int]) -> int:
     return local_rank
 
 
-def _gpu_node(local_rank: int, sysfs_root) -> Optional[int]:
-    """The NUMA node of local rank's GPU from its PCI device, or None when unknown."""
+def _gpu_node(local_rank: int, topo: dict) -> Optional[int]:
+    """The NUMA node nearest local rank's GPU, as the library found it (by its CUDA index, or
+    its PCI address where torch reports one), or None when unknown."""
     if not torch.cuda.is_available() or local_rank >= torch.cuda.device_count():
         return None
     props = torch.cuda.get_device_properties(local_rank)
-    # torch >= 2.2 reports the PCI address; older versions cannot tie a GPU to a node.
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is None or getattr(props, "pci_domain_id", None) is None:
-        return None
-    address = f"{props.pci_domain_id:04x}:{bus:02x}:{props.pci_device_id:02x}.0"
-    try:
-        node = int((Path(sysfs_root) / "sys/bus/pci/devices" / address / "numa_node").read_text())
-    except (OSError, ValueError):
-        return None
-    return node if node >= 0 else None
+    address = None
+    if getattr(props, "pci_bus_id", None) is not None and \
+            getattr(props, "pci_domain_id", None) is not None:  # torch >= 2.2
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    for gpu in topo["gpus"]:
+        if gpu["nearest_nodes"] and (gpu["cuda_index"] == local_rank
+                                     or (address is not None and gpu["pci_bus_id"] == address)):
+            return gpu["nearest_nodes"][0]
+    return None
 
 
 def local_node(local_rank: Optional[int] = None, sysfs_root="/") -> tuple[int, str]:
@@ -77,7 +74,7 @@ def local_node(local_rank: Optional[int] = None, sysfs_root="/") -> tuple[int, s
 
     @param local_rank: default ``$LOCAL_RANK`` (0 when unset)."""
     local_rank = _local_rank(local_rank)
-    node = _gpu_node(local_rank, sysfs_root)
+    node = _gpu_node(local_rank, _topology(sysfs_root))
     if node is not None:
         return node, f"nearest node of GPU {local_rank}"
     nodes = dram_nodes(sysfs_root)
@@ -89,16 +86,13 @@ def local_placement(local_rank: Optional[int] = None, sysfs_root="/") -> str:
     """A placement spec for ``OffloadAdamW(placement=...)`` that puts the Adam state (moments
     and master weights) in DRAM near this local rank, spilling to CXL.
 
-    tierflow names host tiers relative to its initiator (the node nearest GPU 0, else the first
-    node with CPUs): the initiator's node is ``dram0``, other nodes with CPUs are
-    ``remote_dram`` tiers. So a rank whose node is the initiator gets ``dram0``; another gets
-    kind ``remote_dram`` (the tier of its node on a two-socket machine; on machines with more
-    sockets, the remote DRAM tiers in order)."""
+    tierflow names host tiers relative to its initiator (the library's rule: the node nearest
+    GPU 0, else the first node with CPUs): the initiator's node is ``dram0``, other nodes with
+    CPUs are ``remote_dram`` tiers. So a rank whose node is the initiator gets ``dram0``;
+    another gets kind ``remote_dram`` (the tier of its node on a two-socket machine; on
+    machines with more sockets, the remote DRAM tiers in order)."""
     node, _ = local_node(local_rank, sysfs_root)
-    initiator = _gpu_node(0, sysfs_root)
-    if initiator is None:
-        initiator = dram_nodes(sysfs_root)[0]
-    near = "dram0" if node == initiator else "remote_dram"
+    near = "dram0" if node == _topology(sysfs_root)["initiator"] else "remote_dram"
     return ";".join(f"{cls}={near},cxl,dram" for cls in _STATE_CLASSES)
 
 

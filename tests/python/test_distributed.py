@@ -75,8 +75,14 @@ def test_a_killed_rank_makes_the_other_fail_within_the_timeout(dist_seed, tmp_pa
 def test_local_node_round_robins_over_dram_nodes(tmp_path):
     node = tmp_path / "sys/devices/system/node"
     node.mkdir(parents=True)
+    (node / "online").write_text("0-2\n")
     (node / "has_cpu").write_text("0-1\n")
     (node / "has_memory").write_text("0-2\n")  # node 2: CPU-less (CXL), never a rank's pick
+    for i, cpus in enumerate(("0-3", "4-7", "")):
+        (node / f"node{i}").mkdir()
+        (node / f"node{i}/cpulist").write_text(cpus + "\n")
+        (node / f"node{i}/meminfo").write_text(f"Node {i} MemTotal: 1048576 kB\n"
+                                               f"Node {i} MemFree: 524288 kB\n")
     assert tfd.dram_nodes(tmp_path) == [0, 1]
     picks = [tfd.local_node(r, sysfs_root=tmp_path)[0] for r in range(5)]
     assert picks == [0, 1, 0, 1, 0]

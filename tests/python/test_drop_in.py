@@ -67,6 +67,13 @@ def train(make_optimizer, initial_state, data):
     return model, opt.state_dict(), losses
 
 
+def loss_over(model, data):
+    """The model's loss over every batch of `data` together."""
+    with torch.no_grad():
+        x, y = torch.cat([x for x, _ in data]), torch.cat([y for _, y in data])
+        return float(torch.nn.functional.mse_loss(model(x), y))
+
+
 def test_only_the_constructor_changes(seed):
     initial_state = mlp().state_dict()
     teacher = torch.randn(6 * 32, 8) / 8  # a target the model can learn
@@ -75,7 +82,13 @@ def test_only_the_constructor_changes(seed):
     ours, our_state, our_losses = train(OffloadAdamW, initial_state, data)
 
     assert our_losses == pytest.approx(their_losses, rel=1e-5, abs=1e-7)
-    assert their_losses[-1] < their_losses[0]
+    # torch's own run learned: its loss over all the steps' data fell. Not the last step's
+    # loss against the first's: those are of different batches, and the last can be the
+    # higher (0.554 > 0.548 at seed 4293841387). Over 2,500 seeds the ratio was
+    # 0.72 +- 0.013, at most 0.76.
+    start = mlp()
+    start.load_state_dict(initial_state)
+    assert loss_over(theirs, data) < 0.9 * loss_over(start, data)
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
         assert not torch.equal(p.detach(), initial_state[name]), f"{name} never changed"
         assert_close_to_scale(p.detach(), q.detach(), what=name)

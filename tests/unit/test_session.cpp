@@ -61,7 +61,7 @@ bool staged_matches(session& s, const staged_step& st, std::size_t block) {
 
 }  // namespace
 
-TEST_CASE("session: a pass stages each block from its tier copy; block 0's backward ends it",
+TEST_CASE("session: a pass stages each block from its tier copy, block 0's backward ends it",
           "[session]") {
   auto gen = test::rng(1101);
   for (const std::uint64_t window : {0, 1, 3}) {

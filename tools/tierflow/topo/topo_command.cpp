@@ -23,8 +23,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-constexpr int topo_json_schema_version = 1;
-
 struct topo_options {
   bool json_output = false;
   std::string hwloc_xml;
@@ -82,95 +80,6 @@ std::vector<int> ids_of(const std::vector<numa_node_id>& nodes) {
     ids.push_back(id.value);
   }
   return ids;
-}
-
-json perf_json(const perf_value& value) {
-  return json{{"value", value.known() ? json(value.value) : json(nullptr)},
-              {"source", std::string(to_string(value.source))}};
-}
-
-json access_json(const access_perf& perf) {
-  return json{{"read_bandwidth_mbps", perf_json(perf.read_bandwidth)},
-              {"write_bandwidth_mbps", perf_json(perf.write_bandwidth)},
-              {"read_latency_ns", perf_json(perf.read_latency)},
-              {"write_latency_ns", perf_json(perf.write_latency)}};
-}
-
-json optional_json(const std::optional<std::uint64_t>& value) {
-  return value ? json(*value) : json(nullptr);
-}
-
-json to_json(const topology& topo) {
-  json out;
-  out["schema_version"] = topo_json_schema_version;
-  out["sources"] = topo.sources();
-  out["initiator"] = topo.initiator().value;
-  out["tiers_override"] =
-      topo.override_origin().empty() ? json(nullptr) : json(topo.override_origin());
-  out["gpu_status"] = topo.gpu_status();
-
-  out["tiers"] = json::array();
-  for (const auto& t : topo.tiers()) {
-    out["tiers"].push_back(json{{"name", t.name},
-                                {"kind", std::string(to_string(t.kind))},
-                                {"nodes", ids_of(t.nodes)},
-                                {"gpu", t.gpu >= 0 ? json(t.gpu) : json(nullptr)},
-                                {"capacity_bytes", t.capacity_bytes},
-                                {"free_bytes", optional_json(t.free_bytes)},
-                                {"perf", access_json(t.perf)},
-                                {"nearest_gpus", t.nearest_gpus}});
-  }
-
-  out["nodes"] = json::array();
-  for (const auto& n : topo.nodes()) {
-    json distances = json::object();
-    for (const auto& other : topo.nodes()) {
-      if (const auto d = topo.distance(n.id, other.id)) {
-        distances[std::to_string(other.id.value)] = *d;
-      }
-    }
-    out["nodes"].push_back(
-        json{{"id", n.id.value},
-             {"has_cpu", n.has_cpu},
-             {"cpus", detail::format_id_list(n.cpus)},
-             {"capacity_bytes", n.capacity_bytes},
-             {"free_bytes", optional_json(n.free_bytes)},
-             {"memory_tier", n.memory_tier ? json(*n.memory_tier) : json(nullptr)},
-             {"hwloc_subtype", n.hwloc_subtype.empty() ? json(nullptr) : json(n.hwloc_subtype)},
-             {"dax_device", n.dax_device.empty() ? json(nullptr) : json(n.dax_device)},
-             {"kind", std::string(to_string(n.kind))},
-             {"kind_reason", n.kind_reason},
-             {"distances", distances}});
-  }
-
-  out["access"] = json::array();
-  for (const auto& initiator : topo.nodes()) {
-    for (const auto& target : topo.nodes()) {
-      const auto perf = topo.access(initiator.id, target.id);
-      if (perf.read_bandwidth.known() || perf.write_bandwidth.known() ||
-          perf.read_latency.known() || perf.write_latency.known()) {
-        auto entry = access_json(perf);
-        entry["initiator"] = initiator.id.value;
-        entry["target"] = target.id.value;
-        out["access"].push_back(entry);
-      }
-    }
-  }
-
-  out["gpus"] = json::array();
-  for (std::size_t i = 0; i < topo.gpus().size(); ++i) {
-    const auto& g = topo.gpus()[i];
-    out["gpus"].push_back(json{
-        {"index", i},
-        {"cuda_index", g.cuda_index >= 0 ? json(g.cuda_index) : json(nullptr)},
-        {"name", g.name.empty() ? json(nullptr) : json(g.name)},
-        {"pci_bus_id", g.pci_bus_id},
-        {"memory_total_bytes",
-         g.memory_total_bytes > 0 ? json(g.memory_total_bytes) : json(nullptr)},
-        {"memory_free_bytes", g.memory_free_bytes > 0 ? json(g.memory_free_bytes) : json(nullptr)},
-        {"nearest_nodes", ids_of(g.nearest_nodes)}});
-  }
-  return out;
 }
 
 std::optional<double> gbps(const perf_value& v) {
@@ -284,7 +193,7 @@ int run_topo(const topo_options& options, bool initiator_given) {
   const bool all_ok =
       std::all_of(checks.begin(), checks.end(), [](const tier_check& c) { return c.ok(); });
   if (options.json_output) {
-    auto doc = to_json(topo);
+    auto doc = json::parse(tierflow::to_json(topo));
     if (options.verify) {
       doc["verify"] = json::array();
       for (const auto& c : checks) {
