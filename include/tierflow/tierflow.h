@@ -129,6 +129,12 @@ const char* tf_version(void);
 void tf_adam_hyper_default(tf_adam_hyper* hyper);
 void tf_adam_options_default(tf_adam_options* options);
 
+/* Checks one group's hyper-parameters (named "group <group>" in the message; NULL: none) and
+ * options (NULL: none) as tf_adam_create does, without making an optimizer: for a framework's
+ * constructor, which refuses them before any param is known. TF_ERR_INVALID_ARGUMENT names the
+ * first bad value ("group 1: invalid betas: beta2 must be in [0, 1), not 1"). */
+tf_status tf_adam_check(const tf_adam_hyper* hyper, size_t group, const tf_adam_options* options);
+
 /* spec: "auto", "cuda", "cuda:N" or "emulated" (NULL: "auto"). */
 tf_status tf_device_open(const char* spec, tf_device** out);
 /* Releases the handle. Optimizers and schedulers made on the device keep it alive until they

@@ -13,6 +13,7 @@
 #include "capi/adam_handle.hpp"
 #include "capi/capi_support.hpp"
 #include "core/call_gate.hpp"
+#include "optim/adam_internal.hpp"
 #include "tierflow/build_config.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/metrics.hpp"
@@ -278,6 +279,18 @@ tf_status tf_device_copy(tf_device* device, void* dst, const void* src, size_t b
     dev.copy_async(dst, src, bytes,
                    kind == TF_COPY_H2D ? tierflow::copy_kind::h2d : tierflow::copy_kind::d2h, s);
     s.synchronize();
+  });
+}
+
+tf_status tf_adam_check(const tf_adam_hyper* hyper, size_t group, const tf_adam_options* options) {
+  return guarded("tf_adam_check", [&] {
+    if (hyper != nullptr) {
+      tierflow::detail::check_hyper(to_hyper(*hyper), "group " + std::to_string(group));
+    }
+    if (options != nullptr) {
+      tierflow::adam_options o = tierflow::capi::adam_options_of(options);
+      tierflow::detail::check_options(o, {});
+    }
   });
 }
 

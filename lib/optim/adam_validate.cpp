@@ -22,19 +22,19 @@ void check_hyper(const adam_hyper& h, const std::string& where) {
     throw error("offload_adam: " + where + ": " + what + ", not " + number(value));
   };
   if (!std::isfinite(h.lr) || h.lr < 0) {
-    fail("lr must be finite and >= 0", h.lr);
+    fail("invalid learning rate: lr must be finite and >= 0", h.lr);
   }
   if (!(h.beta1 >= 0 && h.beta1 < 1)) {
-    fail("beta1 must be in [0, 1)", h.beta1);
+    fail("invalid betas: beta1 must be in [0, 1)", h.beta1);
   }
   if (!(h.beta2 >= 0 && h.beta2 < 1)) {
-    fail("beta2 must be in [0, 1)", h.beta2);
+    fail("invalid betas: beta2 must be in [0, 1)", h.beta2);
   }
   if (!std::isfinite(h.eps) || h.eps <= 0) {
-    fail("eps must be finite and > 0", h.eps);
+    fail("invalid eps: eps must be finite and > 0", h.eps);
   }
   if (!std::isfinite(h.weight_decay) || h.weight_decay < 0) {
-    fail("weight_decay must be finite and >= 0", h.weight_decay);
+    fail("invalid weight_decay: weight_decay must be finite and >= 0", h.weight_decay);
   }
   if (h.decay != weight_decay_mode::decoupled && h.decay != weight_decay_mode::l2) {
     throw error("offload_adam: " + where + ": unknown weight decay mode");

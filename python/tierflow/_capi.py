@@ -193,6 +193,7 @@ _PROTOTYPES = {
     "tf_version": (c_char_p, []),
     "tf_adam_hyper_default": (None, [POINTER(AdamHyper)]),
     "tf_adam_options_default": (None, [POINTER(AdamOptions)]),
+    "tf_adam_check": (_STATUS, [POINTER(AdamHyper), c_size_t, POINTER(AdamOptions)]),
     "tf_device_open": (_STATUS, [c_char_p, POINTER(_DEVICE)]),
     "tf_device_destroy": (None, [_DEVICE]),
     "tf_device_backend": (c_char_p, [_DEVICE]),

@@ -89,23 +89,18 @@ def _holds_elements(param) -> bool:
 
 
 def _check_group(group: dict, index: int) -> None:
-    """Refuses hyper-parameters or flags the step cannot run. @raises ValueError"""
+    """Refuses hyper-parameters or flags the step cannot run (the values by the library's own
+    check, tf_adam_check). @raises ValueError"""
     where = f"group {index}"
     for flag in _UNSUPPORTED:
         if group.get(flag):
             raise ValueError(f"{where}: {flag}={group[flag]!r} is not supported by tierflow")
-    lr = float(group["lr"])
-    if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"{where}: invalid learning rate {lr} (finite and >= 0)")
     betas = group["betas"]
-    if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
-        raise ValueError(f"{where}: invalid betas {tuple(betas)} (each in [0, 1))")
-    eps = float(group["eps"])
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"{where}: invalid eps {eps} (tierflow needs a finite eps > 0)")
-    weight_decay = float(group["weight_decay"])
-    if not (math.isfinite(weight_decay) and weight_decay >= 0):
-        raise ValueError(f"{where}: invalid weight_decay {weight_decay} (finite and >= 0)")
+    if len(betas) != 2:
+        raise ValueError(f"{where}: invalid betas {tuple(betas)} (two values)")
+    hyper = _capi.AdamHyper(float(group["lr"]), float(betas[0]), float(betas[1]),
+                            float(group["eps"]), float(group["weight_decay"]), 1, 1)
+    _capi.call("tf_adam_check", ctypes.byref(hyper), index, None)
 
 
 def _torch_defaults(torch_class, **hyper) -> dict:
@@ -168,6 +163,14 @@ class _OffloadAdamBase(torch.optim.Optimizer):
                 raise ValueError(f"{name} must be a positive int (or None), not {value!r}")
         if placement is not None and not isinstance(placement, str):
             raise TypeError(f"placement must be a spec string, not {type(placement).__name__}")
+        options = _capi.AdamOptions()
+        _capi.lib.tf_adam_options_default(ctypes.byref(options))
+        options.mode = _capi.ADAM_MODES[mode]
+        options.chunk_elements = chunk_elements or 0
+        options.threads = threads or 0
+        options.max_grad_norm = max_grad_norm or 0.0
+        options.overlap = _OVERLAPS.index(overlap)
+        _capi.call("tf_adam_check", None, 0, ctypes.byref(options))  # the ranges: the library's
         return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
                 "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap,
                 "release_grads": release_grads}
