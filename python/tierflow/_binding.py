@@ -1,0 +1,241 @@
+"""The C optimizer behind OffloadAdamW: made on the params' device, or in the session of the
+weights offload_parameters holds; made again (the state carried over) when the params change;
+its hyper-parameters and the params' outside writes pushed before each step."""
+from __future__ import annotations
+
+import ctypes
+from collections import defaultdict
+
+import torch
+
+from tierflow import _capi, _devices, _dtensor, _params, _state
+from tierflow._checks import (_DTYPES, _OVERLAPS, _check_group, _check_param, _holds_elements,
+                              _home, _label)
+
+
+class _HeldState(defaultdict):
+    """``opt.state``: empty (the state lives in the C library) but true once the C optimizer
+    holds a stepped state, as a torch optimizer's state is then. torch.distributed.checkpoint's
+    get/set_optimizer_state_dict run one step with zero grads on an optimizer whose ``state``
+    is false (to create its state), which would advance this one's moments and step count."""
+
+    held = False
+
+    def __bool__(self):
+        return self.held or len(self) > 0
+
+
+class _Binding:
+    """Mixin of _OffloadAdamBase: the C optimizer (``self._adam``) over ``self._entries``."""
+
+    def _label_of(self, p) -> str:
+        """The label of optimizer param ``p`` (one of the groups' params), for an error."""
+        return next(_label(p, index, gi) for gi, index, q in self._flat() if q is p)
+
+    def _flat(self):
+        """(group, flat index, param) over every group, in state_dict order."""
+        index = 0
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                yield gi, index, p
+                index += 1
+
+    # --- the C optimizer ----------------------------------------------------------------
+    def _check_all(self) -> torch.device:
+        """Checks every group and param as they are now. @returns their device"""
+        device = None
+        for gi, group in enumerate(self.param_groups):
+            _check_group(group, gi)
+        for gi, index, p in self._flat():
+            label = _label(p, index, gi)
+            _check_param(p, label)
+            device = device or p.device
+            if p.device != device:
+                raise ValueError(f"{label} is on {p.device}, the others on {device}: an "
+                                 "optimizer's params must share one device")
+        return device
+
+    def _ensure_built(self) -> None:
+        """Creates the C optimizer, or re-creates it when the params changed (membership,
+        storage or dtype), carrying every param's state over."""
+        key = tuple((gi, id(p), _home(p), p.dtype) for gi, _, p in self._flat())
+        if self._adam is not None and key == self._layout_key:
+            return
+        device = self._check_all()
+        if self._released:
+            raise RuntimeError(f"the optimizer's params changed after the backward pass released "
+                               f"{len(self._released)} grads to it: call step() (or zero_grad()) "
+                               "before changing the params or their groups")
+        carried = {}
+        if self._adam is not None:
+            carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
+                       enumerate(self._entries)}
+        self._check_sharded()
+        groups = [gi for gi, g in enumerate(self.param_groups)
+                  if any(_holds_elements(p) for p in g["params"])]
+        if not groups and self._all_sharded():
+            self._hold_nothing(key)
+            return
+        if not groups:
+            raise ValueError("the optimizer has no param with elements")
+        c_group = {gi: ci for ci, gi in enumerate(groups)}
+        entries = [(c_group[gi], p) for gi, _, p in self._flat()
+                   if _holds_elements(p)]
+        adam = self._create(device, entries, groups)
+        self.close()
+        self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
+        self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
+        self._copy_stream = None
+        self._lost.clear()
+        self._hypers = {}
+        for i, (_, p) in enumerate(entries):
+            if id(p) in carried:
+                state = carried[id(p)]
+                if state.step > 0:
+                    _state.write(adam, i, p, state)
+        self._layout_key = key
+        self._record_versions()
+
+    def _all_sharded(self) -> bool:
+        """Every param is a DTensor (and there is one): FSDP2 may give a rank no row of any."""
+        flat = [p for _, _, p in self._flat()]
+        return bool(flat) and all(_dtensor.is_dtensor(p) for p in flat)
+
+    def _check_sharded(self) -> None:
+        """Refuses what a rank-local step gets wrong over DTensor shards. @raises ValueError"""
+        if self._options["max_grad_norm"] and any(_dtensor.is_dtensor(p)
+                                                  for _, _, p in self._flat()):
+            raise ValueError("max_grad_norm clips by the norm of this rank's shards, not the "
+                             "model's: with DTensor params (FSDP2) clip with "
+                             "torch.nn.utils.clip_grad_norm_ before step() instead")
+
+    def _hold_nothing(self, key) -> None:
+        """This rank holds no element of any (DTensor) param: no C optimizer, and step() has
+        nothing to do. State it held before (params that had rows here) is dropped."""
+        self.close()
+        self._device, self._entries, self._groups, self._entry_of = None, [], [], {}
+        self._copy_stream = None
+        self._lost.clear()
+        self._hypers = {}
+        self._layout_key = key
+        self._record_versions()
+
+    def _mark_held(self) -> None:
+        """``self.state`` reads true from now on (see _HeldState)."""
+        if not isinstance(self.state, _HeldState):
+            self.state = _HeldState(dict, self.state)
+        self.state.held = True
+
+    def _built(self, what: str) -> None:
+        """_ensure_built, for a call that needs the C optimizer. @raises ValueError on a rank
+        that holds no element of any param (FSDP2 gave it only empty shards)"""
+        self._ensure_built()
+        if self._adam is None:
+            raise ValueError(f"{what}: this rank holds no element of any param (FSDP2 gave it "
+                             "only empty shards), so it has no tierflow state")
+
+    def _hyper(self, group: dict) -> _capi.AdamHyper:
+        beta1, beta2 = group["betas"]
+        # torch >= 2.7 names the decay in the group (AdamW is Adam with it True)
+        decoupled = int(bool(group.get("decoupled_weight_decay", self._decoupled)))
+        return _capi.AdamHyper(float(group["lr"]), float(beta1), float(beta2),
+                               float(group["eps"]), float(group["weight_decay"]), decoupled, 1)
+
+    def _create(self, device, entries, groups) -> ctypes.c_void_p:
+        """The C optimizer: in the session of the offloaded weights among the params (which
+        updates their tier copies), else on the params' device."""
+        params = (_capi.AdamParam * len(entries))()
+        weights = (ctypes.c_size_t * len(entries))()
+        sessions = set()
+        names = []
+        for i, (ci, p) in enumerate(entries):
+            names.append(f"param {i}".encode())
+            home = _home(p)
+            weights[i] = home[2] if home[0] == "weight" else _capi.NO_WEIGHT
+            if home[0] == "weight":
+                sessions.add(_params.weight_of(p)[0].value)
+            # No grad pointer at creation: step_on gives each step's grads (NULL for a param
+            # without one).
+            address = home[1] if home[0] == "memory" else None
+            params[i] = _capi.AdamParam(names[-1], address, None, _DTYPES[p.dtype],
+                                        _dtensor.local(p).numel(), ci, 0)
+        if len(sessions) > 1:
+            raise ValueError("the params hold weights of several offload_parameters handles: "
+                             "one optimizer updates the weights of one handle")
+        hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
+                                                     for gi in groups])
+        options = _capi.AdamOptions()
+        _capi.lib.tf_adam_options_default(ctypes.byref(options))
+        o = self._options
+        options.mode = _capi.ADAM_MODES[o["mode"]]
+        options.chunk_elements = o["chunk_elements"] or 0
+        options.threads = o["threads"] or 0
+        options.overlap = _OVERLAPS.index(o.get("overlap", "none"))
+        options.max_grad_norm = o["max_grad_norm"] or 0.0
+        adam = ctypes.c_void_p()
+        if sessions:
+            if o["placement"] is not None:
+                raise ValueError("placement= cannot apply to an optimizer over weights that "
+                                 "offload_parameters holds: their handle's placement places "
+                                 "the state (offload_parameters(..., placement=...))")
+            _capi.call("tf_session_adam_create", ctypes.c_void_p(sessions.pop()), params,
+                       len(entries), weights, hypers, len(groups), ctypes.byref(options),
+                       ctypes.byref(adam))
+            return adam
+        placement = o["placement"].encode() if o["placement"] is not None else None
+        options.placement = placement
+        _capi.call("tf_adam_create", _devices.device_handle(device), params, len(entries),
+                   hypers, len(groups), ctypes.byref(options), ctypes.byref(adam))
+        return adam
+
+    def _push_hypers(self) -> None:
+        for ci, gi in enumerate(self._groups):
+            hyper = self._hyper(self.param_groups[gi])
+            values = tuple(getattr(hyper, f) for f, _ in hyper._fields_)
+            if self._hypers.get(ci) != values:
+                _capi.call("tf_adam_set_hyper", self._adam, ci, ctypes.byref(hyper))
+                self._hypers[ci] = values
+
+    def _record_versions(self) -> None:
+        self._versions = [_dtensor.version(p) for _, p in self._entries]
+
+    def _refresh_changed(self) -> None:
+        """Re-reads the masters of params changed outside the optimizer (an in-place write
+        bumps the tensor's version: model.load_state_dict, a manual edit)."""
+        for i, (_, p) in enumerate(self._entries):
+            if _home(p)[0] == "weight":
+                continue  # a weight in a tier changes only by the step
+            if _dtensor.version(p) != self._versions[i]:
+                _capi.call("tf_adam_refresh_master", self._adam, i)
+        self._record_versions()
+
+    def _absorb_outside_state(self) -> None:
+        """Moves state that a wrapper wrote into ``self.state`` into the C optimizer.
+
+        The state lives in the C library and ``self.state`` stays empty; wrappers that restore
+        a checkpoint by writing ``optim.state[param]`` directly (torch.distributed's
+        ZeroRedundancyOptimizer.load_state_dict does) would otherwise be ignored."""
+        if not any(self.state.values()):
+            return
+        where = {id(p): (gi, index) for gi, index, p in self._flat()}
+        entry = {id(p): i for i, (_, p) in enumerate(self._entries)}
+        loaded = {}
+        for p, value in self.state.items():
+            if value and id(p) in entry:
+                gi, index = where[id(p)]
+                loaded[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)))
+        for i, (p, state) in loaded.items():
+            _state.write(self._adam, i, p, state)
+            self._versions[i] = _dtensor.version(p)
+        self.state.clear()
+        if any(state.step > 0 for _, state in loaded.values()):
+            self._mark_held()
+
+    def close(self) -> None:
+        """Frees the C optimizer (the next call that needs it makes a fresh one)."""
+        adam, self._adam = getattr(self, "_adam", None), None
+        if adam is not None and _capi is not None:
+            _capi.lib.tf_adam_destroy(adam)  # waits for its copies: then the grads may go
+        if hasattr(self, "_keep"):
+            self._keep.clear()
+            self._released.clear()
