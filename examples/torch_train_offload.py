@@ -32,7 +32,7 @@ import time
 import torch
 from torch import nn
 
-from tierflow.report import write_html
+from torch_report import write_html  # beside this script
 from tierflow.torch import OffloadAdamW, offload_parameters
 
 CORPUS = "/usr/share/common-licenses"

@@ -1,14 +1,17 @@
-"""tierflow.report: the HTML report rendered by a real browser (Debian's headless chromium): each
+"""examples/torch_report.py (the PyTorch main job's report): the HTML report rendered by a real browser (Debian's headless chromium): each
 chart draws one mark per series, bar or point, inside its plot area, and the text is escaped."""
 import json
 import random
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tierflow.report import write_html
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from torch_report import write_html  # noqa: E402  (the example's, beside its one user)
 
 CHROMIUM = shutil.which("chromium")
 
