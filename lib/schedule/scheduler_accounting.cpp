@@ -252,6 +252,44 @@ scheduler_metrics scheduler_accounting::snapshot() const {
 
 namespace tierflow {
 
+// The scheduler's scalar figures, declared once (mimalloc's way with its stats): the JSON key
+// (docs/scheduler.md), the member, how Prometheus exports it (gauge, counter, or none: the
+// JSON only, or exported with labels below) and its Prometheus name and help. to_json() writes
+// them in this order, then window_unit and the nested objects.
+#define TIERFLOW_SCHEDULER_METRICS(X)                                                              \
+  X(step_time_s, step_time_s, gauge, "scheduler_step_time_seconds",                                \
+    "Median time of one iteration of the plan")                                                    \
+  X(lower_bound_s, lower_bound_s, gauge, "scheduler_lower_bound_seconds",                          \
+    "max(compute, bytes in / h2d bandwidth, bytes out / d2h bandwidth) per iteration")             \
+  X(overlap_efficiency, overlap_efficiency, gauge, "scheduler_overlap_efficiency_ratio",           \
+    "Median of each iteration's lower bound / achieved time")                                      \
+  X(stall_fraction, stall_fraction, gauge, "scheduler_stall_fraction_ratio",                       \
+    "Share of the time compute waited for a prefetch")                                             \
+  X(bytes_in, bytes_in, counter, "scheduler_bytes_in_total", "Bytes fetched into HBM staging")     \
+  X(bytes_out, bytes_out, counter, "scheduler_bytes_out_total",                                    \
+    "Bytes written back to their tiers")                                                           \
+  X(bytes_discarded, bytes_discarded, counter, "scheduler_bytes_discarded_total",                  \
+    "Bytes fetched ahead and dropped unused")                                                      \
+  X(hbm_staging_peak_bytes, hbm_staging_peak_bytes, gauge, "scheduler_hbm_staging_peak_bytes",     \
+    "Most HBM staging held at once")                                                               \
+  X(window, window, none, "", "")                                                                  \
+  X(adaptive, adaptive, none, "", "")                                                              \
+  X(hbm_resident_bytes, hbm_resident_bytes, gauge, "scheduler_hbm_resident_bytes",                 \
+    "HBM held by resident buffers")                                                                \
+  X(hbm_budget_bytes, hbm_budget_bytes, gauge, "scheduler_hbm_budget_bytes",                       \
+    "HBM budget of the scheduler")                                                                 \
+  X(iterations, iterations, counter, "scheduler_iterations_total", "Complete iterations measured") \
+  X(steps, steps, counter, "scheduler_steps_total", "Step runs measured")                          \
+  X(late_prefetches, late_prefetches, counter, "scheduler_late_prefetches_total",                  \
+    "Step runs whose prefetch landed late")                                                        \
+  X(failed_steps, failed_steps, counter, "scheduler_failed_steps_total",                           \
+    "Step runs discarded after a device failure")                                                  \
+  X(compute_s, compute_seconds, counter, "scheduler_compute_seconds_total",                        \
+    "Time of the steps' work on the compute stream")                                               \
+  X(stall_s, stall_seconds, counter, "scheduler_stall_seconds_total",                              \
+    "Time compute waited for prefetches")                                                          \
+  X(elapsed_s, elapsed_seconds, none, "", "")
+
 namespace {
 
 void link_json(metrics::json_writer& w, const metrics::link_usage& u) {
@@ -272,26 +310,11 @@ void link_json(metrics::json_writer& w, const metrics::link_usage& u) {
 std::string scheduler_metrics::to_json() const {
   metrics::json_writer w;
   w.begin_object();
-  w.key("step_time_s").value(step_time_s);
-  w.key("lower_bound_s").value(lower_bound_s);
-  w.key("overlap_efficiency").value(overlap_efficiency);
-  w.key("stall_fraction").value(stall_fraction);
-  w.key("bytes_in").value(bytes_in);
-  w.key("bytes_out").value(bytes_out);
-  w.key("bytes_discarded").value(bytes_discarded);
-  w.key("hbm_staging_peak_bytes").value(hbm_staging_peak_bytes);
-  w.key("window").value(window);
+#define TIERFLOW_JSON_FIELD(json_name, field, kind, prometheus_name, help) \
+  w.key(#json_name).value(field);
+  TIERFLOW_SCHEDULER_METRICS(TIERFLOW_JSON_FIELD)
+#undef TIERFLOW_JSON_FIELD
   w.key("window_unit").value(to_string(unit));
-  w.key("adaptive").value(adaptive);
-  w.key("hbm_resident_bytes").value(hbm_resident_bytes);
-  w.key("hbm_budget_bytes").value(hbm_budget_bytes);
-  w.key("iterations").value(iterations);
-  w.key("steps").value(steps);
-  w.key("late_prefetches").value(late_prefetches);
-  w.key("failed_steps").value(failed_steps);
-  w.key("compute_s").value(compute_seconds);
-  w.key("stall_s").value(stall_seconds);
-  w.key("elapsed_s").value(elapsed_seconds);
   w.key("bound_gbps")
       .begin_object()
       .key("h2d")
@@ -331,34 +354,20 @@ std::string scheduler_metrics::to_json() const {
 }
 
 void scheduler_metrics::to_prometheus(metrics::prometheus_writer& out) const {
-  const auto d = [](std::uint64_t v) { return static_cast<double>(v); };
-  out.gauge("scheduler_step_time_seconds", "Median time of one iteration of the plan", step_time_s);
-  out.gauge("scheduler_lower_bound_seconds",
-            "max(compute, bytes in / h2d bandwidth, bytes out / d2h bandwidth) per iteration",
-            lower_bound_s);
-  out.gauge("scheduler_overlap_efficiency_ratio",
-            "Median of each iteration's lower bound / achieved time", overlap_efficiency);
-  out.gauge("scheduler_stall_fraction_ratio", "Share of the time compute waited for a prefetch",
-            stall_fraction);
-  out.counter("scheduler_bytes_in_total", "Bytes fetched into HBM staging", d(bytes_in));
-  out.counter("scheduler_bytes_out_total", "Bytes written back to their tiers", d(bytes_out));
-  out.counter("scheduler_bytes_discarded_total", "Bytes fetched ahead and dropped unused",
-              d(bytes_discarded));
-  out.gauge("scheduler_hbm_staging_peak_bytes", "Most HBM staging held at once",
-            d(hbm_staging_peak_bytes));
-  out.gauge("scheduler_hbm_resident_bytes", "HBM held by resident buffers", d(hbm_resident_bytes));
-  out.gauge("scheduler_hbm_budget_bytes", "HBM budget of the scheduler", d(hbm_budget_bytes));
+  const auto d = [](auto v) { return static_cast<double>(v); };
+  const auto none = [](std::string_view, std::string_view, double) {};
+  const auto gauge = [&](std::string_view name, std::string_view help, double value) {
+    out.gauge(name, help, value);
+  };
+  const auto counter = [&](std::string_view name, std::string_view help, double value) {
+    out.counter(name, help, value);
+  };
+#define TIERFLOW_PROMETHEUS_FIELD(json_name, field, kind, prometheus_name, help) \
+  kind(prometheus_name, help, d(field));
+  TIERFLOW_SCHEDULER_METRICS(TIERFLOW_PROMETHEUS_FIELD)
+#undef TIERFLOW_PROMETHEUS_FIELD
   out.gauge("scheduler_window", "Prefetch window now", d(window),
             {{"unit", std::string(to_string(unit))}});
-  out.counter("scheduler_iterations_total", "Complete iterations measured", d(iterations));
-  out.counter("scheduler_steps_total", "Step runs measured", d(steps));
-  out.counter("scheduler_late_prefetches_total", "Step runs whose prefetch landed late",
-              d(late_prefetches));
-  out.counter("scheduler_failed_steps_total", "Step runs discarded after a device failure",
-              d(failed_steps));
-  out.counter("scheduler_compute_seconds_total", "Time of the steps' work on the compute stream",
-              compute_seconds);
-  out.counter("scheduler_stall_seconds_total", "Time compute waited for prefetches", stall_seconds);
   for (const auto& [name, u] : {std::pair{"h2d", h2d}, std::pair{"d2h", d2h}}) {
     out.counter("scheduler_link_bytes_total", "Bytes the scheduler moved per link", d(u.bytes),
                 {{"link", name}});
