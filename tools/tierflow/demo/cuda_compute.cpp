@@ -5,6 +5,7 @@
 
 #include "demo/demo_compute.hpp"
 #include "demo/demo_kernels.hpp"
+#include "tierflow/detail/device_adam.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::cli::demo {
@@ -57,9 +58,16 @@ class cuda_compute final : public demo_compute {
   }
   void adam_step(stream& on, resident_adam& adam, const std::vector<float*>& params,
                  const std::vector<float*>& grads, std::size_t n) override {
+    (void)handle(on);  // this device current on the calling thread
     const auto s = adam.next_step();
+    if (!adam_) {
+      adam_ = detail::make_device_adam(dev_, adam_kernel::automatic, 1);
+    }
     for (std::size_t l = 0; l < params.size(); ++l) {
-      check(demo_cuda::adam(handle(on), params[l], grads[l], adam.m[l], adam.v[l], n, s), "adam");
+      // The library's kernel, the scalar reference's operations on the device; an fp32 param
+      // is its own master weights.
+      adam_->update(on, params[l], adam.m[l], adam.v[l], grads[l], params[l], param_dtype::f32, n,
+                    s);
     }
   }
   void zero(stream& on, float* p, std::size_t n) override {
@@ -88,8 +96,9 @@ class cuda_compute final : public demo_compute {
   std::size_t width_;
   static constexpr std::size_t page_bytes = 4096;
   int index_ = 0;
-  double* loss_ = nullptr;       // device
-  double* loss_host_ = nullptr;  // page-locked
+  double* loss_ = nullptr;                     // device
+  double* loss_host_ = nullptr;                // page-locked
+  std::unique_ptr<detail::device_adam> adam_;  // the resident run's, made at its first step
 };
 
 }  // namespace

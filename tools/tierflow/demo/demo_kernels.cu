@@ -114,25 +114,6 @@ __global__ void input_grad_kernel(const float* dz, const float* w, float* dh, st
   }
 }
 
-// The host reference (resident_adam::step) operation by operation.
-__global__ void adam_kernel(float* param, const float* grad, float* m, float* v, std::size_t n,
-                            adam_scalars s) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const float g = __fmul_rn(grad[i], 1.0f);
-    float p = __fmul_rn(param[i], s.decay);
-    const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
-    const float vi =
-        __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bias_correction2), s.eps);
-    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step, mi), denom));
-    param[i] = p;
-  }
-}
-
 int launched() {
   return static_cast<int>(cudaGetLastError());
 }
@@ -182,13 +163,6 @@ int backward(void* stream, float* dz, const float* h_out, const float* h_in, con
     input_grad_kernel<<<blocks_for(batch * width, threads), threads, 0, s>>>(dz, w, dh, batch,
                                                                              width);
   }
-  return launched();
-}
-
-int adam(void* stream, float* param, const float* grad, float* m, float* v, std::size_t n,
-         const adam_scalars& s) {
-  adam_kernel<<<blocks_for(n, threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      param, grad, m, v, n, s);
   return launched();
 }
 

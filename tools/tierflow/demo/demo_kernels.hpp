@@ -8,18 +8,6 @@
 
 namespace tierflow::cli::demo_cuda {
 
-/** The resident Adam's per-step scalars, computed on the host as the host reference does. */
-struct adam_scalars {
-  float decay = 1;  ///< 1 - lr * weight_decay
-  float beta1 = 0;
-  float one_minus_beta1 = 0;
-  float beta2 = 0;
-  float one_minus_beta2 = 0;
-  float neg_step = 0;          ///< -lr / (1 - beta1^t)
-  float bias_correction2 = 1;  ///< sqrt(1 - beta2^t)
-  float eps = 0;
-};
-
 /** Whether these launchers are real (false in a build without CUDA). */
 bool available() noexcept;
 
@@ -44,10 +32,6 @@ int loss(void* stream, const float* y, const float* target, float* dy, std::size
  *  null. */
 int backward(void* stream, float* dz, const float* h_out, const float* h_in, const float* w,
              float* dw, float* dh, std::size_t batch, std::size_t width);
-
-/** The resident Adam over one tensor, with the host reference's operations in its order. */
-int adam(void* stream, float* param, const float* grad, float* m, float* v, std::size_t n,
-         const adam_scalars& s);
 
 /** p[0 .. n) = 0. */
 int zero(void* stream, float* p, std::size_t n);

@@ -29,9 +29,6 @@ int backward(void*, float*, const float*, const float*, const float*, float*, fl
              std::size_t) {
   return not_built;
 }
-int adam(void*, float*, const float*, float*, float*, std::size_t, const adam_scalars&) {
-  return not_built;
-}
 int zero(void*, float*, std::size_t) {
   return not_built;
 }

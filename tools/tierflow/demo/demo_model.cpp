@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string>
 
+#include "tierflow/detail/adam_kernels.hpp"
+
 namespace tierflow::cli::demo {
 
 // z[i][o] = Σ_k h[i][k] w[o][k]: 16 partial sums per dot product, combined in a fixed order.
@@ -101,31 +103,8 @@ std::vector<std::vector<float>> init_weights(const demo_options& o, std::mt19937
   return w;
 }
 
-demo_cuda::adam_scalars resident_adam::next_step() {
-  ++steps;
-  const double t = static_cast<double>(steps);
-  demo_cuda::adam_scalars s;
-  s.decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-  s.beta1 = static_cast<float>(hyper.beta1);
-  s.one_minus_beta1 = static_cast<float>(1.0 - hyper.beta1);
-  s.beta2 = static_cast<float>(hyper.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - hyper.beta2);
-  s.neg_step = static_cast<float>(-(hyper.lr / (1.0 - std::pow(hyper.beta1, t))));
-  s.bias_correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(hyper.beta2, t)));
-  s.eps = static_cast<float>(hyper.eps);
-  return s;
-}
-
-void resident_adam::update(const demo_cuda::adam_scalars& s, float* p, const float* g, float* m,
-                           float* v, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const float gi = g[i] * 1.0f;
-    float pi = p[i] * s.decay;
-    m[i] = m[i] * s.beta1 + s.one_minus_beta1 * gi;
-    v[i] = v[i] * s.beta2 + s.one_minus_beta2 * gi * gi;
-    pi = pi + s.neg_step * m[i] / (std::sqrt(v[i]) / s.bias_correction2 + s.eps);
-    p[i] = pi;
-  }
+detail::adam_scalars resident_adam::next_step() {
+  return detail::make_adam_scalars(hyper, ++steps, 1.0);
 }
 
 std::uint64_t demo_layer_bytes(const demo_options& o) {

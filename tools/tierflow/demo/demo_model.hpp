@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "demo/demo_kernels.hpp"
 #include "demo/demo_options.hpp"
+#include "tierflow/detail/adam_scalars.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/prefetch_scheduler.hpp"
 #include "tierflow/session.hpp"
@@ -40,18 +40,14 @@ data_set make_data(const demo_options& o, std::mt19937_64& gen);
 /** @brief One width × width matrix per layer, drawn from @p gen. */
 std::vector<std::vector<float>> init_weights(const demo_options& o, std::mt19937_64& gen);
 
-/** @brief The Adam update as offload_adam.hpp states it, written out here for the resident
- *  run. */
+/** @brief The resident run's Adam (the oracle the offloaded run is checked against): HBM
+ *  moments, the step count, and each step's scalars from the library's definition. */
 struct resident_adam {
   adam_hyper hyper;
   std::uint64_t steps = 0;
   std::vector<float*> m, v;  // HBM-resident moments, one per layer
   /** @brief The next step's scalars (and the step count moves on). */
-  demo_cuda::adam_scalars next_step();
-  /** @brief One tensor's update on the host (demo_kernels.cu's adam_kernel does the same
-   *  operations). */
-  static void update(const demo_cuda::adam_scalars& s, float* p, const float* g, float* m, float* v,
-                     std::size_t n);
+  detail::adam_scalars next_step();
 };
 
 /** @brief Bytes of one layer's weights. */

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "demo/demo_compute.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 
 namespace tierflow::cli::demo {
 
@@ -52,7 +53,9 @@ class host_compute final : public demo_compute {
     on.host_callback([&adam, params, grads, n] {
       const auto s = adam.next_step();
       for (std::size_t l = 0; l < params.size(); ++l) {
-        resident_adam::update(s, params[l], grads[l], adam.m[l], adam.v[l], n);
+        for (std::size_t i = 0; i < n; ++i) {  // the scalar definition: the oracle
+          detail::adam_reference(params[l][i], adam.m[l][i], adam.v[l][i], grads[l][i], s);
+        }
       }
     });
   }
