@@ -17,8 +17,9 @@
  * A pass may skip blocks (they go by in order) or end early (a forward pass without a backward:
  * end_pass(), or the next forward of block 0 starts a new pass). Any optimizer call that may
  * write the weights' tier copies (step, sync_params, load, state accessors) first ends an open
- * pass (the scheduler's flush: nothing staged or in flight); grad_ready() during the backward
- * pass is accepted for a weight whose block the backward pass has reached, refused otherwise.
+ * pass (the scheduler's flush: nothing staged or in flight); grad_ready() with overlap
+ * backward_publish writes a weight's new values early only once the backward pass has reached
+ * its block; before that they wait for step().
  */
 
 #include <cstddef>

@@ -32,6 +32,7 @@
 #include "optim/adam_recovery.hpp"
 #include "optim/adam_speculation.hpp"
 #include "optim/adam_streamed_step.hpp"
+#include "optim/offload_adam_impl.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/log.hpp"
 #include "tierflow/metrics.hpp"
@@ -65,50 +66,6 @@ int node_of(const void* p, std::size_t bytes) {
 }
 
 }  // namespace
-
-struct offload_adam::impl {
-  detail::adam_core core;
-  // The mode's unit: one of them is made, after the core's state.
-  std::unique_ptr<detail::adam_cpu_step> cpu;
-  std::unique_ptr<detail::adam_streamed_step> streamed;
-  std::unique_ptr<detail::adam_speculation> speculation;  // overlap backward, cpu mode
-  // One public call at a time (grad_ready()s shared): a second thread's call is refused.
-  mutable detail::call_gate gate;
-  param_write_guard* guard = nullptr;  // the params' owner (a session), if any
-
-  impl(device& d, adam_options o, placement_policy& p) : core(d, std::move(o), p) {}
-  // The speculation's work done, the device idle and the host memory unregistered before the
-  // units (the undo ring's HBM, the workers, the upload ring) and then the state are freed.
-  ~impl() {
-    cancel_speculation();
-    core.shut_down();
-  }
-  // Restores what grad_ready() updated, before a call that reads or replaces the state.
-  void cancel_speculation() noexcept {
-    if (speculation) {
-      speculation->cancel();
-    }
-  }
-  // Before a call that may write params in host memory: the owner's check.
-  void guard_writes() const {
-    if (guard != nullptr) {
-      guard->before_writes();
-    }
-  }
-
-  void validate(const std::vector<adam_group>& in);
-  void allocate_state(std::vector<adam_group>& in);
-  void make_chunks();
-  void read_initial_params();
-  // Reads @p p's device values into its master weights. @throws device_error (master as
-  // before)
-  void read_params(const detail::param_state& p);
-  void refuse_while_pending(const char* call) const;
-  // The bodies of set_grad() and grad_ready(), for callers that hold the gate.
-  void set_grad(std::size_t group, std::size_t param, const void* grad);
-  void grad_ready(std::size_t group, std::size_t param);
-  [[nodiscard]] bool pending() const noexcept { return streamed && streamed->recovery().pending(); }
-};
 
 void offload_adam::impl::validate(const std::vector<adam_group>& in) {
   const adam_options& options = core.options;

@@ -11,6 +11,7 @@
 #include "schedule/scheduler_accounting.hpp"
 #include "schedule/scheduler_events.hpp"
 #include "schedule/staging_arena.hpp"
+#include "schedule/staging_budget.hpp"
 #include "schedule/staging_policy.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
@@ -57,44 +58,7 @@ struct buffer_state {
   bool resident_dirty = false;
 };
 
-// The resident buffers plus room for the window's steps, the step running and the one whose
-// slots are being released, each the size of the largest (a byte window: its bytes plus two).
-std::uint64_t budget_for(std::uint64_t resident, std::uint64_t largest,
-                         const scheduler_options& o) {
-  constexpr auto max = std::numeric_limits<std::uint64_t>::max();
-  const bool bytes = o.unit == window_unit::bytes;
-  const std::uint64_t extra = bytes ? o.window : 0;
-  const bool fits = (bytes || o.window <= max - 2) &&
-                    (bytes ? 2 : o.window + 2) <= max / std::max<std::uint64_t>(largest, 1);
-  const std::uint64_t staging = fits ? (bytes ? 2 : o.window + 2) * largest : max;
-  TIERFLOW_EXPECTS(fits && staging <= max - resident && extra <= max - resident - staging,
-                   "prefetch_scheduler: window " + std::to_string(o.window) +
-                       " is too large for a default HBM budget");
-  return resident + staging + extra;
-}
-
 }  // namespace
-
-std::uint64_t default_hbm_budget(const schedule_plan& plan, const scheduler_options& options) {
-  const std::size_t align = options.alignment > 0 ? options.alignment : 1;
-  std::uint64_t resident = 0;
-  for (const auto& b : plan.buffers) {
-    resident += b.resident ? detail::round_up(b.bytes, align) : 0;
-  }
-  std::uint64_t largest = 0;
-  for (const auto& st : plan.steps) {
-    std::set<buffer_id> ids(st.reads.begin(), st.reads.end());
-    ids.insert(st.writes.begin(), st.writes.end());
-    std::uint64_t bytes = 0;
-    for (const auto id : ids) {
-      TIERFLOW_EXPECTS(id < plan.buffers.size(), "default_hbm_budget: step '" + st.name +
-                                                     "' names buffer " + std::to_string(id));
-      bytes += plan.buffers[id].resident ? 0 : detail::round_up(plan.buffers[id].bytes, align);
-    }
-    largest = std::max(largest, bytes);
-  }
-  return budget_for(resident, largest, options);
-}
 
 // The scheduler drives the staging policy and is its device: streams, events and fences.
 struct prefetch_scheduler::impl final : detail::staging_device {
@@ -253,7 +217,7 @@ void prefetch_scheduler::impl::validate_steps() {
     uses.push_back(std::move(used));
   }
   if (options.hbm_budget_bytes == 0) {
-    options.hbm_budget_bytes = budget_for(resident_bytes, largest_bytes, options);
+    options.hbm_budget_bytes = detail::staging_budget(resident_bytes, largest_bytes, options);
   }
   if (resident_bytes + largest_bytes > options.hbm_budget_bytes) {
     throw error("prefetch_scheduler: HBM budget " + format_byte_count(options.hbm_budget_bytes) +

@@ -387,8 +387,8 @@ def offload_parameters(model: nn.Module, *, blocks: Optional[Iterable[nn.Module]
     """Moves the weights of ``model``'s blocks into a host tier and streams them into HBM
     ``window`` blocks ahead of the forward and the backward pass; the staging never holds more
     than ``hbm_budget`` bytes (default: the scheduler's, room for window + 2 of the largest
-    block). ``placement`` is a
-    placement spec for class ``params`` (as TIERFLOW_PLACEMENT takes). Train with
-    ``tierflow.torch.OffloadAdamW`` over ``model.parameters()``: it updates the tier copies in
-    place. See the module's comment for how it works."""
+    block). ``placement`` is the session's placement spec (as TIERFLOW_PLACEMENT takes): it
+    places the weights (class ``params``) and the state of an OffloadAdamW made over them. Train
+    with ``tierflow.torch.OffloadAdamW`` over ``model.parameters()``: it updates the tier copies
+    in place. See the module's comment for how it works."""
     return OffloadedParameters(model, blocks, window, hbm_budget, placement, trace)

@@ -35,8 +35,8 @@ def _topology(sysfs_root) -> dict:
 
 
 def dram_nodes(sysfs_root="/") -> list[int]:
-    """NUMA nodes with both CPUs and memory, ascending (``[0]`` when the topology names
-    none or cannot be read)."""
+    """NUMA nodes with CPUs, ascending (the topology lists only nodes with memory; ``[0]`` when
+    it names none or cannot be read)."""
     try:
         topo = _topology(sysfs_root)
     except _capi.TierflowError:
