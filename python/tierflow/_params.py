@@ -284,6 +284,9 @@ class OffloadedParameters:
         self._check_open()
         params = self._blocks[b][1]
         self._check_unchanged(b)
+        if b == 0:
+            # A new pass: a backward that raised never ran its end-of-pass callback.
+            self._callback_queued = False
         self._acquire(b, False)
         try:
             for p, view in zip(params, self._staged[b]):

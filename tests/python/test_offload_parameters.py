@@ -181,3 +181,38 @@ def test_tied_weights_and_changed_params_are_refused(seed):
         model.blocks[1][0].bias.data = torch.zeros(1).expand(WIDTH + 1)
         with pytest.raises(RuntimeError, match=r"block 1 param 1 is now \(49,\)"):
             model(x)
+
+
+@pytest.mark.parametrize("overlap", ["none", "backward_publish"])
+def test_an_exception_inside_backward_leaves_the_handle_working(seed, overlap):
+    """A grad hook that raises halfway through the backward pass (as Ctrl-C or a failed check
+    would): the pass is left open with a block staged; the next iteration starts over and the
+    training stays bit-identical to the same loop without offload."""
+    plain = Stack(blocks=5)
+    streamed = copy.deepcopy(plain)
+    ref_opt = OffloadAdamW(plain.parameters(), lr=3e-3, mode="cpu")
+    with offload_parameters(streamed, window=1) as handle:
+        opt = OffloadAdamW(streamed.parameters(), lr=3e-3, overlap=overlap)
+        batches = data(5)
+        for step, (x, y) in enumerate(batches):
+            losses = []
+            for model, o in ((streamed, opt), (plain, ref_opt)):
+                o.zero_grad()
+                out = model.blocks[1](model.blocks[0](x))  # reaches blocks 0 and 1 only
+
+                def boom(grad):
+                    raise KeyboardInterrupt("interrupted in backward")
+
+                if step == 2:
+                    out.register_hook(boom)
+                    with pytest.raises(KeyboardInterrupt):
+                        model(x).add(out.sum() * 0).sum().backward()
+                    o.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                o.step()
+                losses.append(loss.detach())
+            assert torch.equal(losses[0], losses[1]), f"step {step}"
+        assert handle.metrics()["passes"] >= len(batches)
+    for p, q in zip(streamed.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
