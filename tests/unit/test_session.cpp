@@ -150,6 +150,22 @@ TEST_CASE("session: bad plans and arguments are refused with the reason", "[sess
 
 namespace {
 
+// A group over every weight of @p s by index, each with a grad in device memory (@p grads gets
+// them, for the caller to fill and free).
+adam_group weights_group(session& s, std::vector<void*>& grads) {
+  adam_group group;
+  for (std::size_t w = 0; w < s.weight_count(); ++w) {
+    grads.push_back(s.dev().memory().allocate(s.weight_bytes(w)));
+    adam_param p;
+    p.name = s.weight_name(w);
+    p.weight = w;
+    p.grad = grads.back();
+    p.elements = s.weight_bytes(w) / sizeof(float);
+    group.params.push_back(p);
+  }
+  return group;
+}
+
 // One training run over a session: @p steps iterations of forward + backward through the
 // session, each with fresh grads, then the optimizer's step. With @p announce, every weight's
 // grad is announced (grad_ready) as its block's backward runs. Returns the tier copies.
@@ -167,18 +183,9 @@ std::vector<std::vector<float>> train_in_session(const session_run& r,
   auto s = random_session(gen, r.blocks, 2, init);
   device& dev = s->dev();
   std::vector<void*> grads;
-  adam_group group;
+  adam_group group = weights_group(*s, grads);
   group.hyper.lr = 1e-2;
   group.hyper.weight_decay = 0.05;
-  for (std::size_t w = 0; w < s->weight_count(); ++w) {
-    grads.push_back(dev.memory().allocate(s->weight_bytes(w)));
-    adam_param p;
-    p.name = s->weight_name(w);
-    p.weight = w;
-    p.grad = grads.back();
-    p.elements = s->weight_bytes(w) / sizeof(float);
-    group.params.push_back(p);
-  }
   adam_options o;
   o.mode = adam_mode::cpu;
   o.chunk_elements = 512;
@@ -300,17 +307,10 @@ TEST_CASE(
   auto s = random_session(gen, 3, 2, init);
   device& dev = s->dev();
   std::vector<void*> grads;
-  adam_group group;
+  adam_group group = weights_group(*s, grads);
   for (std::size_t w = 0; w < s->weight_count(); ++w) {
-    grads.push_back(dev.memory().allocate(s->weight_bytes(w)));
     const auto g = test::nonzero_normals(s->weight_bytes(w) / sizeof(float), 1.0f, gen);
-    std::memcpy(grads.back(), g.data(), s->weight_bytes(w));
-    adam_param p;
-    p.name = s->weight_name(w);
-    p.weight = w;
-    p.grad = grads.back();
-    p.elements = s->weight_bytes(w) / sizeof(float);
-    group.params.push_back(p);
+    std::memcpy(grads[w], g.data(), s->weight_bytes(w));
   }
   adam_options o;
   o.mode = adam_mode::cpu;
