@@ -40,6 +40,8 @@ class _Announcing:
             return  # step() takes the accumulated grads
         if self._adam is None and self._releases(p):
             self._ensure_built()  # the first backward pass frees its grads too
+        if self._adam is not None:
+            _devices.check_process(self._made_in, "this optimizer's C state")
         i = self._entry_of.get(id(p))
         if self._adam is None or i is None:
             return  # the first step (no C optimizer yet): step() does it

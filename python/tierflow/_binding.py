@@ -57,7 +57,15 @@ class _Binding:
 
     def _ensure_built(self) -> None:
         """Creates the C optimizer, or re-creates it when the params changed (membership,
-        storage or dtype), carrying every param's state over."""
+        storage or dtype), carrying every param's state over. Thread-safe: a second thread
+        waits for the first's build. @raises RuntimeError in a child of os.fork for a C
+        optimizer made in the parent"""
+        with self._build_lock:
+            if self._adam is not None:
+                _devices.check_process(self._made_in, "this optimizer's C state")
+            self._build()
+
+    def _build(self) -> None:
         key = tuple((gi, id(p), _home(p), p.dtype) for gi, _, p in self._flat())
         if self._adam is not None and key == self._layout_key:
             return
@@ -84,6 +92,7 @@ class _Binding:
         adam = self._create(device, entries, groups)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
+        self._made_in = _devices.generation()
         self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
         self._copy_stream = None
         self._lost.clear()
@@ -234,8 +243,10 @@ class _Binding:
     def close(self) -> None:
         """Frees the C optimizer (the next call that needs it makes a fresh one)."""
         adam, self._adam = getattr(self, "_adam", None), None
-        if adam is not None and _capi is not None:
+        if adam is not None and _capi is not None and \
+                getattr(self, "_made_in", 0) == _devices.generation():
             _capi.lib.tf_adam_destroy(adam)  # waits for its copies: then the grads may go
+        # (one made before os.fork is the parent's: its threads are not here to join)
         if hasattr(self, "_keep"):
             self._keep.clear()
             self._released.clear()

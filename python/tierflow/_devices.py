@@ -6,6 +6,7 @@ memory" is the tensors' own (its streams are the calling thread: no stream handl
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from typing import Optional
 
@@ -13,10 +14,36 @@ import torch
 
 from tierflow import _capi
 
-__all__ = ["device_handle", "native_stream"]
+__all__ = ["check_process", "device_handle", "generation", "native_stream"]
 
 _devices: dict = {}
 _devices_lock = threading.Lock()
+# Bumped in a child after os.fork: the parent's devices (and the optimizers and sessions made
+# on them) have threads that do not exist in the child; the child opens its own.
+_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _devices_lock, _generation
+    _devices.clear()  # the handles are the parent's: left alone, never destroyed here
+    _devices_lock = threading.Lock()
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def generation() -> int:
+    """How many forks this process is below the one that opened the devices it holds now."""
+    return _generation
+
+
+def check_process(made_in: int, what: str) -> None:
+    """Refuses a C object made in a parent process (before os.fork). @raises RuntimeError"""
+    if made_in != _generation:
+        raise RuntimeError(f"{what} was made before os.fork(), in the parent process: its device "
+                           "threads do not exist here. Make a new one in this process (its "
+                           "state: save() in the parent and load() here, or state_dict())")
 
 
 def device_handle(device: torch.device) -> ctypes.c_void_p:

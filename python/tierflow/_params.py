@@ -112,6 +112,7 @@ class OffloadedParameters:
                                        or not isinstance(hbm_budget, int) or hbm_budget <= 0):
             raise ValueError(f"hbm_budget must be a byte count > 0, not {hbm_budget!r}")
         self._model = model
+        self._made_in = _devices.generation()
         self._blocks = self._collect(model, blocks)
         self._check_not_shared(model, self._blocks)
         self._shapes = [[(p.shape, p.dtype) for p in ps] for _, ps in self._blocks]
@@ -352,12 +353,15 @@ class OffloadedParameters:
 
     def remove(self) -> None:
         """Puts every weight back as an ordinary tensor on its device (with the values of its
-        tier copy) and the blocks' forward as it was. Idempotent."""
+        tier copy) and the blocks' forward as it was. Idempotent. In a child of os.fork (the
+        session is the parent's) it works too: the tier copies are host memory the child has."""
         if not self._session:
             return
-        if self._held is not None:
+        forked = self._made_in != _devices.generation()
+        if self._held is not None and not forked:
             self._release()
-        _capi.call("tf_session_end_pass", self._session)
+        if not forked:
+            _capi.call("tf_session_end_pass", self._session)
         with _handles_lock:
             _handles.discard(self)
         with torch.no_grad():
@@ -368,12 +372,14 @@ class OffloadedParameters:
                 del block._tierflow_forward
         # An optimizer made in the session keeps it alive until it is rebuilt over the params'
         # own memory (its next step).
-        _capi.lib.tf_session_destroy(self._session)
+        if not forked:  # the parent's session: its threads are not here to join
+            _capi.lib.tf_session_destroy(self._session)
         self._session = ctypes.c_void_p()
 
     def _check_open(self):
         if not self._session:
             raise RuntimeError("offload_parameters: the handle was removed")
+        _devices.check_process(self._made_in, "this offload_parameters handle")
 
     def __enter__(self):
         return self

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import defaultdict
 from typing import Optional
 
@@ -56,6 +57,8 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
     # --- construction -------------------------------------------------------------------
     def _init_runtime(self) -> None:
         self._adam = None  # tf_adam*, created by _ensure_built
+        self._made_in = _devices.generation()  # the process (fork generation) it was made in
+        self._build_lock = threading.RLock()  # the first step may come from two threads
         self._device = None  # the torch.device of every param
         self._layout_key = None
         self._entries = []  # (C group, param) in the C optimizer's order
@@ -162,6 +165,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         """torch's zero_grad; grads announced to the optimizer (overlap) are discarded too."""
         super().zero_grad(set_to_none=set_to_none)
         if self._adam is not None and self._options.get("overlap", "none") != "none":
+            _devices.check_process(self._made_in, "this optimizer's C state")
             _capi.call("tf_adam_discard_grads", self._adam)
             self._keep.clear()
         self._released.clear()
