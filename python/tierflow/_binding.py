@@ -213,7 +213,11 @@ class _Binding:
         bumps the tensor's version: model.load_state_dict, a manual edit)."""
         for i, (_, p) in enumerate(self._entries):
             if _home(p)[0] == "weight":
-                continue  # a weight in a tier changes only by the step
+                # a weight in a tier changes only by the step, or by the model's
+                # load_state_dict (which writes its tier copy)
+                if _params.take_rewritten(p):
+                    _capi.call("tf_adam_refresh_master", self._adam, i)
+                continue
             if _dtensor.version(p) != self._versions[i]:
                 _capi.call("tf_adam_refresh_master", self._adam, i)
         self._record_versions()

@@ -101,6 +101,21 @@ def weight_of(param) -> Optional[tuple]:
     return None
 
 
+def take_rewritten(param) -> bool:
+    """Whether load_state_dict wrote ``param``'s tier copy since the last call (then the
+    optimizer re-reads its master weights from it)."""
+    weight = weight_of(param)
+    if weight is None:
+        return False
+    with _handles_lock:
+        handles = list(_handles)
+    for h in handles:
+        if h._session is weight[0] and weight[1] in h._rewritten:
+            h._rewritten.discard(weight[1])
+            return True
+    return False
+
+
 class OffloadedParameters:
     """The handle ``offload_parameters`` returns (a context manager: leaving it removes)."""
 
@@ -128,6 +143,12 @@ class OffloadedParameters:
         self._last_pass = None
         self._wrap_forwards()
         self._weight_index = {id(p): i for i, p in enumerate(self._weights)}
+        self._rewritten = set()  # weights whose tier copies load_state_dict wrote
+        self._loading = {}  # weight -> the scratch tensor load_state_dict copies into
+        self._hooks = [h for block, _ in self._blocks for h in (
+            block._register_state_dict_hook(self._state_dict_hook),
+            block._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True),
+            block.register_load_state_dict_post_hook(self._load_post_hook))]
         with _handles_lock:
             _handles.add(self)
 
@@ -327,6 +348,44 @@ class OffloadedParameters:
         self._callback_queued = False
         self._end_pass()
 
+    # --- the model's state_dict and load_state_dict see the tier copies ---------------------
+    def _offloaded_keys(self, module, prefix):
+        for name, p in module.named_parameters():
+            i = self._weight_index.get(id(p))
+            if i is not None and self._weights[i] is p:
+                yield prefix + name, i, p
+
+    def _state_dict_hook(self, module, state_dict, prefix, _local_metadata):
+        """The weights' values (their tier copies), not the placeholders the params hold
+        outside their block's forward."""
+        for key, i, p in self._offloaded_keys(module, prefix):
+            if key in state_dict:
+                with torch.no_grad():
+                    state_dict[key] = _host_view(self._homes[i], p).to(self._device, copy=True)
+
+    def _load_pre_hook(self, module, state_dict, prefix, *_args):
+        """torch copies each loaded value into its param: into a scratch tensor holding the
+        weight's values (so a value torch refuses leaves them as they were), which the post
+        hook writes into the tier copy."""
+        for key, i, p in self._offloaded_keys(module, prefix):
+            if key in state_dict and i not in self._loading:
+                with torch.no_grad():
+                    scratch = _host_view(self._homes[i], p).to(self._device, copy=True)
+                self._loading[i] = scratch
+                p.data = scratch
+
+    def _load_post_hook(self, module, _incompatible_keys):
+        mine = [i for _, i, _ in self._offloaded_keys(module, "") if i in self._loading]
+        if not mine:
+            return
+        self._end_pass()  # nothing staged or in flight while the tier copies change
+        with torch.no_grad():
+            for i in mine:
+                p = self._weights[i]
+                _host_view(self._homes[i], p).copy_(self._loading.pop(i))
+                p.data = self._placeholder(p)
+                self._rewritten.add(i)
+
     # --- what users call ------------------------------------------------------------------
     def metrics(self) -> dict:
         """The scheduler's figures in total (``stall_fraction``, ``overlap_efficiency``,
@@ -364,6 +423,8 @@ class OffloadedParameters:
             _capi.call("tf_session_end_pass", self._session)
         with _handles_lock:
             _handles.discard(self)
+        for hook in self._hooks:
+            hook.remove()
         with torch.no_grad():
             for p, home in zip(self._weights, self._homes):
                 p.data = _host_view(home, p).to(self._device, copy=True)

@@ -216,3 +216,39 @@ def test_an_exception_inside_backward_leaves_the_handle_working(seed, overlap):
         assert handle.metrics()["passes"] >= len(batches)
     for p, q in zip(streamed.parameters(), plain.parameters()):
         assert torch.equal(p, q)
+
+
+def test_state_dict_and_load_state_dict_see_the_weights(seed, tmp_path):
+    """model.state_dict() of an offloaded model holds the weights (their tier copies), a
+    torch.save of it restores a plain model, and model.load_state_dict() writes the tier
+    copies: training goes on as the plain model that loaded the same dict, bit for bit (the
+    optimizer re-reads its master weights from the written copies)."""
+    plain = Stack(blocks=4)
+    streamed = copy.deepcopy(plain)
+    ref_opt = OffloadAdamW(plain.parameters(), lr=3e-3, mode="cpu")
+    with offload_parameters(streamed, window=1):
+        opt = OffloadAdamW(streamed.parameters(), lr=3e-3)
+        batches = data(6)
+        train(streamed, opt, batches[:2])
+        train(plain, ref_opt, batches[:2])
+        mine, theirs = streamed.state_dict(), plain.state_dict()
+        assert list(mine) == list(theirs)
+        for key in theirs:
+            assert torch.equal(mine[key], theirs[key]), key
+        torch.save(mine, tmp_path / "model.pt")
+        restored = Stack(blocks=4)
+        restored.load_state_dict(torch.load(tmp_path / "model.pt"))
+        assert all(torch.equal(a, b) for a, b in zip(restored.parameters(), plain.parameters()))
+        # Load other weights into both (a checkpoint of another run), then train on.
+        other = Stack(blocks=4).state_dict()
+        streamed.load_state_dict(other)
+        plain.load_state_dict(other)
+        for key, value in streamed.state_dict().items():
+            assert torch.equal(value, other[key]), key
+        with pytest.raises(RuntimeError, match="size mismatch"):  # refused, nothing written
+            streamed.load_state_dict({**other, "blocks.0.0.weight": torch.zeros(3, 3)})
+        assert torch.equal(streamed.state_dict()["blocks.0.0.weight"], other["blocks.0.0.weight"])
+        assert torch.equal(torch.stack(train(streamed, opt, batches[2:])),
+                           torch.stack(train(plain, ref_opt, batches[2:])))
+    for p, q in zip(streamed.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
