@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "core/call_gate.hpp"
 #include "optim/adam_checkpoint.hpp"
@@ -181,6 +182,13 @@ void offload_adam::impl::read_params(const detail::param_state& p) {
   core.dev.compute_stream().record(*core.compute_done);
   d2h.wait(*core.compute_done);
   auto* host = static_cast<unsigned char*>(core.grads_host.data()) + p.grad_offset;
+  // With an overlap the grads' staging holds the grads announced this step (the step reads
+  // them there, never their memory again): the param's values go through memory of their own.
+  std::vector<unsigned char> own;
+  if (speculation && !p.desc.param_on_host) {
+    own.resize(p.desc.elements * dtype_bytes(p.desc.dtype));
+    host = own.data();
+  }
   if (!p.desc.param_on_host) {
     try {
       core.dev.copy_async(host, p.desc.param, p.desc.elements * dtype_bytes(p.desc.dtype),

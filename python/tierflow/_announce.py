@@ -57,6 +57,29 @@ class _Announcing:
         _capi.call("tf_adam_grad_ready", self._adam, i, g.data_ptr(), _stream(self._device))
         if self._releases(p):
             self._release(i, p, g)
+        else:
+            self._announced.setdefault(i, (g.data_ptr(), g._version))
+
+    def _drop_changed_announcements(self) -> None:
+        """The step uses the grads as they are at step(): when one changed after it was
+        announced (a second backward pass, clip_grad_norm_, GradScaler.unscale_, any in-place
+        write, a new tensor), the C optimizer forgets the announcements (restoring what their
+        updates changed) and reads every grad now. @raises RuntimeError when released grads
+        (which it cannot read again) are among them: nothing changed then"""
+        changed = [i for i, (address, version) in self._announced.items()
+                   if (g := _dtensor.grad(self._entries[i][1])) is None
+                   or g.data_ptr() != address or g._version != version]
+        if not changed:
+            return
+        if self._released:
+            label = self._label_of(self._entries[changed[0]][1])
+            raise RuntimeError(f"{label}: its grad changed after the backward pass announced it, "
+                               f"and {len(self._released)} other grads were released to the "
+                               "optimizer (release_grads), so the step cannot read them again: "
+                               "change grads before they are announced (set opt.accumulating = "
+                               "True for passes that accumulate), or use release_grads=False")
+        _capi.call("tf_adam_discard_grads", self._adam)
+        self._announced.clear()
 
     # --- release_grads: an announced grad freed once the optimizer has its copy -----------
     def _releases(self, p) -> bool:

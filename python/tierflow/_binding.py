@@ -254,3 +254,4 @@ class _Binding:
         if hasattr(self, "_keep"):
             self._keep.clear()
             self._released.clear()
+            self._announced.clear()

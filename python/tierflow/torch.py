@@ -73,6 +73,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         #: accumulation): overlap="backward" then announces no grad.
         self.accumulating = False
         self._released = {}  # entry -> the pointer of its grad, announced and released
+        self._announced = {}  # entry -> (address, version) of its grad when announced
         self._lost = set()  # entries whose released grads a failed step lost
         self._keep = []  # released grads the emulated device's copies may still read
         self._copy_stream = None  # (torch stream or None, copies) of the C optimizer
@@ -143,6 +144,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         if not any_grad:
             return loss
         self._push_hypers()
+        self._drop_changed_announcements()
         self._refresh_changed()
         applied = ctypes.c_int(0)
         norm = ctypes.c_double(0.0)
@@ -155,6 +157,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         finally:
             self.last_step_applied = applied.value == 1
             self._released.clear()
+            self._announced.clear()
         self._keep.clear()  # the step waited for every copy
         self.last_grad_norm = norm.value
         if self.last_step_applied:
@@ -169,6 +172,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
             _capi.call("tf_adam_discard_grads", self._adam)
             self._keep.clear()
         self._released.clear()
+        self._announced.clear()
         self._lost.clear()
 
     def state_dict(self) -> dict:
