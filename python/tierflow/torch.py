@@ -87,9 +87,27 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
                     self._hook(p)
 
     def __getstate__(self):
+        """What copy.deepcopy and pickling (torch.save) keep: torch's fields, the options and
+        the state in torch's layout keyed by the params, as torch's optimizers keep it (the
+        copy moves it into its own C optimizer at its first use)."""
         out = super().__getstate__()
         out["_options"] = self._options
+        if getattr(self, "_adam", None) is not None or any(self.state.values()):
+            out["state"] = self._exported_state()
         return out
+
+    def _exported_state(self) -> defaultdict:
+        """Each stepped param's state in torch's layout (step, exp_avg, exp_avg_sq, master for
+        16-bit params), keyed by the param."""
+        exported = defaultdict(dict)
+        if self._adam is not None or any(self.state.values()):
+            self._ensure_built()
+            self._absorb_outside_state()
+            for i, (_, p) in enumerate(self._entries):
+                state = _state.read(self._adam, i, p)
+                if state.step > 0:
+                    exported[p] = state.to_torch(p)
+        return exported
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group, refusing first what the step cannot run (naming it)."""
@@ -179,15 +197,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
         ``master`` for bf16/fp16 params; params never stepped have no entry. For a DTensor
         param (FSDP2) they are DTensors laid out like it, holding this rank's shard."""
-        exported = defaultdict(dict)
-        if self._adam is not None or any(self.state.values()):
-            self._ensure_built()
-            self._absorb_outside_state()
-            for i, (_, p) in enumerate(self._entries):
-                state = _state.read(self._adam, i, p)
-                if state.step > 0:
-                    exported[p] = state.to_torch(p)
-        kept, self.state = self.state, exported
+        kept, self.state = self.state, self._exported_state()
         try:
             return super().state_dict()
         finally:
