@@ -197,7 +197,8 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         """torch's layout: ``state[i]`` = step, exp_avg, exp_avg_sq (fp32, on the CPU), and
         ``master`` for bf16/fp16 params; params never stepped have no entry. For a DTensor
         param (FSDP2) they are DTensors laid out like it, holding this rank's shard."""
-        kept, self.state = self.state, self._exported_state()
+        exported = self._exported_state()  # (it may replace self.state: read it after)
+        kept, self.state = self.state, exported
         try:
             return super().state_dict()
         finally:
