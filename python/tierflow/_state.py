@@ -9,6 +9,7 @@ state, and a state_dict carries it as DTensors laid out like the param.
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -80,6 +81,9 @@ def _flat_f32(value, name: str, param: torch.Tensor, label: str) -> torch.Tensor
     DTensor (its local tensor is taken) or a plain tensor of this rank's shard."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{label}: state '{name}' is a {type(value).__name__}, not a tensor")
+    if value.is_complex() or not value.is_floating_point():
+        raise TypeError(f"{label}: state '{name}' is {value.dtype}: a real floating-point "
+                        "tensor is expected (it is not cast)")
     value, shard = _dtensor.local(value), _dtensor.local(param)
     if value.numel() != shard.numel():
         whose = "this rank's shard of the param" if shard is not param else "the param"
@@ -92,18 +96,41 @@ def _flat_f32(value, name: str, param: torch.Tensor, label: str) -> torch.Tensor
     return flat
 
 
+#: Step counts the library takes (tf_adam_set_state refuses larger ones: the next steps
+#: must not wrap its 64-bit counter).
+MAX_STEP = 2**63 - 1
+
+
+def _step_count(step, label: str) -> int:
+    """A loaded ``step`` (a number or a one-element tensor, as torch keeps it) as an int, or a
+    refusal naming the param. @raises TypeError/ValueError"""
+    if isinstance(step, torch.Tensor):
+        step = _dtensor.local(step)
+        if step.numel() != 1 or step.is_complex():
+            raise TypeError(f"{label}: the loaded step is a {tuple(step.shape)} {step.dtype} "
+                            "tensor, not one real number")
+        step = step.item()
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        raise TypeError(f"{label}: the loaded step is a {type(step).__name__}, not a number")
+    if not (step >= 0 and math.isfinite(step) and step == int(step)):
+        raise ValueError(f"{label}: the loaded step {step} is not a count")
+    if int(step) > MAX_STEP:
+        raise ValueError(f"{label}: the loaded step {int(step)} is above {MAX_STEP}, the "
+                         "largest the optimizer's 64-bit counter can go on from")
+    return int(step)
+
+
 def from_torch(param: torch.Tensor, state: dict, label: str) -> ParamState:
     """Checks and converts one ``state_dict()['state'][i]`` (torch's or ours), changing
     nothing. @raises ValueError/TypeError naming the param."""
+    if not isinstance(state, dict):
+        raise TypeError(f"{label}: the loaded state is a {type(state).__name__}, not a dict")
     for key in ("step", "exp_avg", "exp_avg_sq"):
         if key not in state:
             raise ValueError(f"{label}: the loaded state has no '{key}'")
     if "max_exp_avg_sq" in state:
         raise ValueError(f"{label}: the loaded state is amsgrad's (max_exp_avg_sq)")
-    step = state["step"]
-    step = float(_dtensor.local(step).item() if isinstance(step, torch.Tensor) else step)
-    if not step >= 0 or step != int(step):
-        raise ValueError(f"{label}: the loaded step {step} is not a count")
+    step = _step_count(state["step"], label)
     exp_avg = _flat_f32(state["exp_avg"], "exp_avg", param, label)
     exp_avg_sq = _flat_f32(state["exp_avg_sq"], "exp_avg_sq", param, label)
     if bool((exp_avg_sq < 0).any()):
@@ -111,4 +138,4 @@ def from_torch(param: torch.Tensor, state: dict, label: str) -> ParamState:
     master = None
     if param.dtype != torch.float32 and state.get("master") is not None:
         master = _flat_f32(state["master"], "master", param, label)
-    return ParamState(int(step), exp_avg, exp_avg_sq, master)
+    return ParamState(step, exp_avg, exp_avg_sq, master)
