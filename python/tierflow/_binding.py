@@ -4,6 +4,7 @@ its hyper-parameters and the params' outside writes pushed before each step."""
 from __future__ import annotations
 
 import ctypes
+import warnings
 from collections import defaultdict
 
 import torch
@@ -90,6 +91,7 @@ class _Binding:
         entries = [(c_group[gi], p) for gi, _, p in self._flat()
                    if _holds_elements(p)]
         adam = self._create(device, entries, groups)
+        self._warn_idle_overlap(adam)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
         self._made_in = _devices.generation()
@@ -104,6 +106,18 @@ class _Binding:
                     _state.write(adam, i, p, state)
         self._layout_key = key
         self._record_versions()
+
+    def _warn_idle_overlap(self, adam) -> None:
+        """mode='auto' chose streamed mode, where an overlap does nothing: said once."""
+        if self._options.get("overlap", "none") == "none":
+            return
+        mode = ctypes.c_int(0)
+        _capi.call("tf_adam_mode_in_force", adam, ctypes.byref(mode))
+        if mode.value == _capi.ADAM_STREAMED:
+            warnings.warn(f"overlap={self._options['overlap']!r} does nothing here: mode='auto' "
+                          "chose streamed mode, which streams the state at step(); pass "
+                          "mode='cpu' to overlap the update with the backward pass",
+                          RuntimeWarning, stacklevel=4)
 
     def _all_sharded(self) -> bool:
         """Every param is a DTensor (and there is one): FSDP2 may give a rank no row of any."""

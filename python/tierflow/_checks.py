@@ -103,6 +103,9 @@ def make_options(max_grad_norm, mode, placement, chunk_elements, threads, overla
                          "and the cpu mode: the grads are copied to the host as they come")
     if mode not in _capi.ADAM_MODES:
         raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
+    if overlap != "none" and mode == "streamed":
+        raise ValueError(f"overlap={overlap!r} acts in cpu mode only: mode='streamed' streams "
+                         "the state through HBM at step(); use mode='cpu' (or 'auto')")
     if max_grad_norm is not None and not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
         raise ValueError(f"max_grad_norm must be finite and > 0 (or None), not {max_grad_norm}")
     for name, value in (("chunk_elements", chunk_elements), ("threads", threads)):

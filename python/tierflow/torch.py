@@ -307,8 +307,15 @@ class OffloadAdamW(_OffloadAdamBase):
     _decoupled = 1
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, **kwargs):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, **kwargs)
+                 amsgrad=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False, fused=None, max_grad_norm=None, mode="auto",
+                 placement=None, chunk_elements=None, threads=None, overlap="none",
+                 release_grads=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable,
+                         differentiable=differentiable, fused=fused, max_grad_norm=max_grad_norm,
+                         mode=mode, placement=placement, chunk_elements=chunk_elements,
+                         threads=threads, overlap=overlap, release_grads=release_grads)
 
 
 class OffloadAdam(_OffloadAdamBase):
