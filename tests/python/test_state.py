@@ -130,18 +130,22 @@ def test_bf16_params_keep_fp32_masters(seed):
         ref_opt.step()
         naive_opt.step()
     state = opt.state_dict()["state"]
+    differ = 0
     for i, (p, q, r) in enumerate(zip(params, reference, naive)):
         assert p.dtype == torch.bfloat16
         master = state[i]["master"]
         assert master.dtype == torch.float32 and master.shape == p.shape
         assert_close_to_scale(master, q.detach(), what=f"master {i}")
         assert torch.equal(p.detach(), master.to(torch.bfloat16)), f"param {i} != its master"
-        rounded = q.detach().to(torch.bfloat16)
-        assert float((p.detach() != rounded).float().mean()) < 0.01
+        differ += int((p.detach() != q.detach().to(torch.bfloat16)).sum())
         # bf16 state and params (torch's own) drift from the fp32 trajectory; masters do not
         ours_err = float((p.detach().float() - q.detach()).abs().max())
         naive_err = float((r.detach().float() - q.detach()).abs().max())
         assert ours_err < naive_err, f"param {i}: {ours_err} vs naive bf16 {naive_err}"
+    # the params are the fp32 trajectory's rounding but where master and trajectory, a rounding
+    # apart, straddle a bf16 midpoint: rare (about one element in 10^6), counted over all the
+    # elements, for in a 48-element param one such element would be 2 %
+    assert differ < 0.01 * sum(p.numel() for p in params), differ
 
 
 def test_bf16_state_dict_round_trip_keeps_the_master(seed):
