@@ -1,7 +1,7 @@
 """tierflow.torch.OffloadAdamW under torch.distributed (gloo on 127.0.0.1): ZeroRedundancyOptimizer
-under DistributedDataParallel against torch's AdamW given the same averaged grads, checkpoint and resume (same and
-another rank count), rank-local placement, gathered metrics, a rank that dies. The ranks run in
-dist_workers.py; one spawn per scenario."""
+under DistributedDataParallel against torch's AdamW given the same averaged grads, checkpoint and
+resume (same and another rank count), rank-local placement, gathered metrics, a rank that dies.
+The ranks run in dist_workers.py; one spawn per scenario."""
 import time
 
 import pytest
