@@ -143,7 +143,9 @@ class device {
 
   /**
    * @brief Copies @p bytes from @p src to @p dst on @p on, in its order.
-   * @throws tierflow::error for null pointers or a stream of another device (at enqueue)
+   * @throws tierflow::error for null pointers or a stream of another device (at enqueue); on
+   *         the emulated device also for more bytes than its memory and the machine's hold, or a
+   *         range past the end of the address space
    */
   virtual void copy_async(void* dst, const void* src, std::size_t bytes, copy_kind kind,
                           stream& on) = 0;

@@ -142,9 +142,16 @@ tf_status tf_device_open(const char* spec, tf_device** out);
 void tf_device_destroy(tf_device* device);
 /* The backend name: "cuda" or "emulated" (valid while the device lives). */
 const char* tf_device_backend(const tf_device* device);
+/* Device memory (0 bytes: *out NULL). Free it with tf_device_free on the same handle. */
 tf_status tf_device_alloc(tf_device* device, size_t bytes, void** out);
+/* Frees what tf_device_alloc on this handle gave, with the bytes it was given (NULL: nothing to
+ * free). Anything else is refused with TF_ERR_INVALID_ARGUMENT and changes nothing, on every
+ * backend: a pointer this handle did not allocate or that was freed already (the message says
+ * so), or a size other than the one allocated (the message names both). */
 tf_status tf_device_free(tf_device* device, void* pointer, size_t bytes);
-/* A copy that has finished when the call returns. */
+/* A copy that has finished when the call returns. On the emulated device, a size larger than
+ * the device's memory and the machine's, or a range past the end of the address space, is
+ * refused (TF_ERR_INVALID_ARGUMENT) and nothing is copied. */
 tf_status tf_device_copy(tf_device* device, void* dst, const void* src, size_t bytes,
                          tf_copy_kind kind);
 
@@ -238,8 +245,9 @@ tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, fl
 /* Replaces param `index`'s state from the caller's buffers (any may be NULL: that part kept)
  * and its step count, as a framework's load_state_dict does. The device param is not written:
  * the next step writes it from the master weights (call tf_adam_sync_params to send it now).
- * Every value is checked first (elements must match; the moments finite, exp_avg_sq >= 0): a
- * refused call changes nothing. */
+ * Every value is checked first (elements must match; the moments finite, exp_avg_sq >= 0; step
+ * at most 2^63 - 1, so that later steps cannot wrap the counter): a refused call changes
+ * nothing. */
 tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, const float* exp_avg,
                             const float* exp_avg_sq, size_t elements, unsigned long long step);
 /* Re-reads param `index`'s master weights from its device param (widening bf16/f16), e.g.

@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "capi/adam_handle.hpp"
@@ -115,6 +119,60 @@ tierflow::param_dtype to_dtype(int d, std::size_t index) {
   throw tierflow::error("params[" + std::to_string(index) + "]: unknown dtype " +
                         std::to_string(d));
 }
+
+// What tf_device_alloc gave out, per handle, with the bytes asked for: tf_device_free frees
+// only that, with that size, and refuses anything else with a status, on every backend (below
+// the C ABI, memory_resource::deallocate cannot fail: a backend can at most log a misuse, and
+// the emulated device used to act on it: a wrong size unmapped a neighbour's pages, a second
+// free or a foreign pointer wrapped its count of used bytes, "free: 0 B" for good).
+// Thread-safe: tf_device_* calls come from any thread. Never destroyed, so that a handle
+// destroyed during static destruction still finds it.
+class device_allocations {
+ public:
+  static device_allocations& instance() {
+    static auto* const all = new device_allocations;
+    return *all;
+  }
+
+  void add(const tf_device* device, const void* pointer, std::size_t bytes) {
+    const std::lock_guard lock(mutex_);
+    blocks_[device].emplace(pointer, bytes);
+  }
+  // Forgets @p pointer if @p device's tf_device_alloc gave it for @p bytes; else throws,
+  // forgetting nothing.
+  void take(const tf_device* device, const void* pointer, std::size_t bytes) {
+    const std::lock_guard lock(mutex_);
+    const auto handle = blocks_.find(device);
+    if (handle == blocks_.end() || !handle->second.contains(pointer)) {
+      throw tierflow::error(
+          address(pointer) +
+          " was not allocated by tf_device_alloc on this device, or was freed already; nothing "
+          "was freed");
+    }
+    const auto it = handle->second.find(pointer);
+    if (it->second != bytes) {
+      throw tierflow::error(address(pointer) + " was allocated with " + std::to_string(it->second) +
+                            " bytes, not " + std::to_string(bytes) +
+                            "; nothing was freed (free it with the size it was allocated with)");
+    }
+    handle->second.erase(it);
+  }
+  // The handle is gone: what it allocated can no longer be freed through it.
+  void forget(const tf_device* device) noexcept {
+    const std::lock_guard lock(mutex_);
+    blocks_.erase(device);
+  }
+
+ private:
+  static std::string address(const void* pointer) {
+    std::array<char, 32> text{};
+    std::snprintf(text.data(), text.size(), "%p", pointer);
+    return "pointer " + std::string(text.data());
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<const tf_device*, std::unordered_map<const void*, std::size_t>> blocks_;
+};
 
 }  // namespace
 
@@ -245,6 +303,7 @@ tf_status tf_device_open(const char* spec, tf_device** out) {
 }
 
 void tf_device_destroy(tf_device* device) {
+  device_allocations::instance().forget(device);
   delete device;  // the device's destructor waits for its work and never throws
 }
 
@@ -256,13 +315,27 @@ tf_status tf_device_alloc(tf_device* device, size_t bytes, void** out) {
   return guarded("tf_device_alloc", [&] {
     need(device, "device");
     need(out, "out");
-    *out = device->dev->memory().allocate(bytes);
+    tierflow::memory_resource& memory = device->dev->memory();
+    void* p = memory.allocate(bytes);
+    if (p != nullptr) {
+      try {
+        device_allocations::instance().add(device, p, bytes);
+      } catch (...) {
+        memory.deallocate(p, bytes);
+        throw;
+      }
+    }
+    *out = p;
   });
 }
 
 tf_status tf_device_free(tf_device* device, void* pointer, size_t bytes) {
   return guarded("tf_device_free", [&] {
     need(device, "device");
+    if (pointer == nullptr) {
+      return;  // nothing to free (a 0-byte tf_device_alloc gives NULL)
+    }
+    device_allocations::instance().take(device, pointer, bytes);
     device->dev->memory().deallocate(pointer, bytes);
   });
 }
@@ -549,6 +622,17 @@ tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, co
     need(adam, "adam");
     const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_set_state");
     const auto [g, i] = param_at(adam, index);
+    // The step counter is 64 bits and each step adds 1: at 2^64 - 1 the next step wraps it to
+    // t = 0, whose bias correction 1 - beta^0 is 0 (lr / 0: NaN weights, the step still
+    // "applied"). Any t >= 1 is fine for that math (beta^t only tends to 0), so the bound is
+    // headroom, not precision: up to 2^63 - 1 leaves 2^63 steps before a wrap (more than any
+    // run takes) and keeps the count within a signed 64-bit integer, as callers often hold it.
+    constexpr unsigned long long max_step = std::numeric_limits<std::int64_t>::max();
+    if (step > max_step) {
+      throw tierflow::error(
+          "step " + std::to_string(step) + " is too large (at most " + std::to_string(max_step) +
+          ", so that later steps cannot wrap the 64-bit step counter to 0); nothing changed");
+    }
     adam->opt->set_state(g, i, master, exp_avg, exp_avg_sq, elements, step);
   });
 }

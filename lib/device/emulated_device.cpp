@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <latch>
+#include <limits>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/threads.hpp"
@@ -430,16 +433,45 @@ class emulated_hbm final : public memory_resource {
       used_.fetch_sub(length);
       throw out_of_capacity("emulated hbm (host mmap failed)", bytes, {{"hbm", 0}});
     }
+    try {
+      const std::lock_guard lock(blocks_mutex_);
+      blocks_.emplace(p, bytes);
+    } catch (...) {
+      platform::unmap(p, length);
+      used_.fetch_sub(length);
+      throw;
+    }
     return p;
   }
+  // As CUDA's cudaFree and pool_resource: a pointer it did not hand out (freed already, host
+  // memory, inside a block) is logged and changes nothing (unmapping it would take a neighbour's
+  // pages, and the count of used bytes would wrap: "free: 0 B" for good); a wrong size is logged
+  // and the block is freed as allocated.
   void do_deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
-    platform::unmap(p, round(bytes));
-    used_.fetch_sub(round(bytes));
+    std::size_t allocated = 0;
+    {
+      const std::lock_guard lock(blocks_mutex_);
+      const auto it = blocks_.find(p);
+      if (it == blocks_.end()) {
+        detail::log(log_level::error, name() + ": deallocate of a pointer it did not hand out");
+        return;
+      }
+      allocated = it->second;
+      blocks_.erase(it);
+    }
+    if (bytes != allocated) {
+      detail::log(log_level::error, name() + ": deallocate with " + std::to_string(bytes) +
+                                        " bytes for an allocation of " + std::to_string(allocated));
+    }
+    platform::unmap(p, round(allocated));
+    used_.fetch_sub(round(allocated));
   }
   static std::uint64_t round(std::size_t bytes) { return detail::round_up(bytes, 4096); }
   std::uint64_t capacity_;
   std::atomic<std::uint64_t> used_{0};
   std::atomic<unsigned> fail_countdown_{0};
+  std::mutex blocks_mutex_;
+  std::unordered_map<const void*, std::size_t> blocks_;  // what do_allocate handed out: bytes asked
 };
 
 // --- the device -------------------------------------------------------------------------
@@ -479,6 +511,7 @@ class emulated_device_impl final : public emulated_device {
       return;
     }
     TIERFLOW_EXPECTS(dst != nullptr && src != nullptr, "copy_async: null pointer");
+    check_extent(dst, src, bytes);
     const bool fail = s.take_copy_failure();
     s.enqueue([this, dst, src, bytes, kind, fail](emulated_stream& self) {
       if (self.failed()) {
@@ -527,6 +560,25 @@ class emulated_device_impl final : public emulated_device {
   }
 
  private:
+  // A copy larger than both the device's memory and the machine's (the emulated device also
+  // copies from and to host memory of the caller's: CPU tensors), or one running past the end
+  // of the address space, is no real copy: refused at enqueue. (Enqueued, SIZE_MAX bytes made
+  // the link model sleep for decades: the copy never returned.)
+  void check_extent(const void* dst, const void* src, std::size_t bytes) const {
+    const std::uint64_t limit = std::max(options_.hbm_bytes, platform::physical_memory_bytes());
+    if (bytes > limit) {
+      throw error("copy_async: " + std::to_string(bytes) +
+                  " bytes is more than the emulated device's memory and the machine's (" +
+                  std::to_string(limit) + " bytes): no buffer is that large");
+    }
+    constexpr auto top = std::numeric_limits<std::uintptr_t>::max();
+    for (const auto& [what, p] : {std::pair{"dst", dst}, std::pair{"src", src}}) {
+      if (reinterpret_cast<std::uintptr_t>(p) > top - (bytes - 1)) {
+        throw error("copy_async: " + std::string(what) + " + " + std::to_string(bytes) +
+                    " bytes wraps the address space");
+      }
+    }
+  }
   emulated_stream& own(stream& on) {
     auto* s = dynamic_cast<emulated_stream*>(&on);
     TIERFLOW_EXPECTS(s != nullptr && s->owner() == this,

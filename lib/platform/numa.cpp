@@ -27,6 +27,11 @@ std::size_t page_size() noexcept {
   return size;
 }
 
+std::uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  return pages > 0 ? static_cast<std::uint64_t>(pages) * page_size() : 0;
+}
+
 int map_anonymous(std::size_t bytes, std::size_t alignment, void*& out) noexcept {
   const std::size_t page = page_size();
   if (alignment < page) {

@@ -22,6 +22,9 @@ enum class mbind_mode : int {
 /** The system's base page size. */
 std::size_t page_size() noexcept;
 
+/** The machine's physical memory in bytes (0 when the system does not say). */
+std::uint64_t physical_memory_bytes() noexcept;
+
 /** Anonymous private read/write mapping of exactly @p bytes at an address aligned to
  *  @p alignment (a power of two, at least the page size). Returns 0 and sets @p out. */
 int map_anonymous(std::size_t bytes, std::size_t alignment, void*& out) noexcept;

@@ -1,11 +1,15 @@
 /* The C ABI from C: an optimizer over emulated device memory, stepped and checked against a
- * scalar AdamW written here; errors as codes with messages; metrics; save and load. */
+ * scalar AdamW written here; errors as codes with messages; metrics; save and load; device
+ * memory misused (wrong sizes, double frees, foreign pointers, absurd copies). */
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "c_check.h"
 #include "tierflow/tierflow.h"
@@ -43,6 +47,78 @@ static void reference(float* p, float* m, float* v, float grad, double lr, doubl
   *v = vv;
 }
 
+/* The largest block the device gives now, to the page: what a refused call must not change. */
+static size_t largest_alloc(tf_device* dev) {
+  size_t largest = 0;
+  for (size_t step = SIZE_MAX / 2 + 1; step >= 4096; step /= 2) {
+    void* p = NULL;
+    if (largest <= SIZE_MAX - step && tf_device_alloc(dev, largest + step, &p) == TF_OK) {
+      largest += step;
+      CHECK(tf_device_free(dev, p, largest) == TF_OK);
+    }
+  }
+  return largest;
+}
+
+/* tf_device_free frees what tf_device_alloc gave this device, with the size asked for: a wrong
+ * size, a second free, a foreign pointer (host memory, an address inside an allocation, another
+ * device's block) is refused with a message, and leaves the device as it was. */
+static void device_memory_misuse(tf_device* dev) {
+  const size_t before = largest_alloc(dev);
+  CHECK(before >= ((size_t)1 << 30));
+  const size_t bytes = 3 * 4096 + 100;
+  void* p = NULL;
+  CHECK(tf_device_alloc(dev, bytes, &p) == TF_OK && p != NULL);
+  const size_t wrong[3] = {4096, bytes + 1, 64 * bytes}; /* fewer pages, the same, more */
+  for (int i = 0; i < 3; ++i) {
+    CHECK(tf_device_free(dev, p, wrong[i]) == TF_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tf_last_error(), "tf_device_free: ") != NULL);
+    char sizes_named[96];
+    snprintf(sizes_named, sizeof sizes_named, "allocated with %zu bytes, not %zu", bytes, wrong[i]);
+    CHECK(strstr(tf_last_error(), sizes_named) != NULL);
+  }
+  CHECK(tf_device_free(dev, p, bytes) == TF_OK); /* still allocated: freed with its size */
+  CHECK(tf_device_free(dev, p, bytes) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "not allocated by tf_device_alloc on this device") != NULL);
+  CHECK(strstr(tf_last_error(), "freed already") != NULL);
+
+  char* host = malloc(bytes);
+  char on_stack[64];
+  CHECK(tf_device_free(dev, host, bytes) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "not allocated by tf_device_alloc on this device") != NULL);
+  CHECK(tf_device_free(dev, on_stack, sizeof on_stack) == TF_ERR_INVALID_ARGUMENT);
+  free(host);
+  void* q = NULL;
+  CHECK(tf_device_alloc(dev, 4 * 4096, &q) == TF_OK && q != NULL);
+  CHECK(tf_device_free(dev, (char*)q + 4096, 3 * 4096) == TF_ERR_INVALID_ARGUMENT);
+  tf_device* other = NULL;
+  void* theirs = NULL;
+  CHECK(tf_device_open("emulated", &other) == TF_OK);
+  CHECK(tf_device_alloc(other, 4096, &theirs) == TF_OK);
+  CHECK(tf_device_free(dev, theirs, 4096) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(tf_device_free(other, theirs, 4096) == TF_OK);
+  tf_device_destroy(other);
+  CHECK(tf_device_free(dev, q, 4 * 4096) == TF_OK);
+
+  CHECK(tf_device_free(dev, NULL, 0) == TF_OK); /* NULL (a 0-byte alloc): nothing to free */
+  CHECK(tf_device_free(dev, NULL, 100) == TF_OK);
+  /* Nothing refused changed the device: it gives what it gave before, and no more. */
+  CHECK(largest_alloc(dev) == before);
+  void* big = NULL;
+  CHECK(tf_device_alloc(dev, before, &big) == TF_OK);
+  CHECK(tf_device_free(dev, big, before) == TF_OK);
+  CHECK(tf_device_alloc(dev, before + 4096, &big) == TF_ERR_OUT_OF_MEMORY);
+}
+
+/* A copy that outlives its limit is the failure under test (a refused copy returns at once). */
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char text[] = "test_c_abi: a tf_device_copy did not return (hung)\n";
+  const ssize_t written = write(2, text, sizeof text - 1);
+  (void)written;
+  _exit(1);
+}
+
 int main(int argc, char** argv) {
   const char* seed_text = getenv("TIERFLOW_TEST_SEED");
   rng_state =
@@ -65,6 +141,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   CHECK(strcmp(tf_device_backend(dev), "emulated") == 0);
+  device_memory_misuse(dev);
 
   enum { N0 = 1500, N1 = 333, STEPS = 5 };
   const size_t sizes[2] = {N0, N1};
@@ -92,6 +169,14 @@ int main(int argc, char** argv) {
   CHECK(tf_device_copy(dev, dev_p[0], host_p[0], sizeof(float), (tf_copy_kind)7) ==
         TF_ERR_INVALID_ARGUMENT);
   CHECK(strstr(tf_last_error(), "kind must be TF_COPY_H2D or TF_COPY_D2H") != NULL);
+  /* A size no emulated device buffer can have: refused at once, nothing copied. */
+  signal(SIGALRM, on_alarm);
+  alarm(30);
+  CHECK(tf_device_copy(dev, dev_p[0], host_p[0], SIZE_MAX, TF_COPY_H2D) == TF_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(tf_last_error(), "tf_device_copy: ") != NULL);
+  CHECK(strstr(tf_last_error(), "18446744073709551615 bytes") != NULL || SIZE_MAX != UINT64_MAX);
+  CHECK(tf_device_copy(dev, host_p[0], dev_p[0], SIZE_MAX, TF_COPY_D2H) == TF_ERR_INVALID_ARGUMENT);
+  alarm(0);
 
   tf_adam_hyper hyper;
   tf_adam_hyper_default(&hyper);
@@ -269,6 +354,26 @@ int main(int argc, char** argv) {
   float* back = malloc(N1 * sizeof(float));
   CHECK(tf_adam_get_state(adam, 1, NULL, NULL, back, N1, &steps1) == TF_OK && steps1 == 3);
   CHECK(memcmp(back, v1, N1 * sizeof(float)) == 0);
+  /* A step count the next step would wrap (to 0: a bias correction of 1 - beta^0 = 0, NaN
+   * weights) is refused before anything changes; 2^63 - 1 is the largest taken. */
+  float* m_new = malloc(N1 * sizeof(float));
+  for (size_t e = 0; e < N1; ++e) {
+    m_new[e] = 1.0f;
+  }
+  const unsigned long long too_many[2] = {ULLONG_MAX, 1ULL << 63};
+  for (int k = 0; k < 2; ++k) {
+    CHECK(tf_adam_set_state(adam, 1, NULL, m_new, NULL, N1, too_many[k]) ==
+          TF_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(tf_last_error(), "tf_adam_set_state: step ") != NULL);
+    CHECK(strstr(tf_last_error(), "at most 9223372036854775807") != NULL);
+    CHECK(tf_adam_get_state(adam, 1, NULL, back, NULL, N1, &steps1) == TF_OK && steps1 == 3);
+    CHECK(memcmp(back, m1, N1 * sizeof(float)) == 0);
+  }
+  CHECK(tf_adam_set_state(adam, 1, NULL, NULL, NULL, N1, (1ULL << 63) - 1) == TF_OK);
+  CHECK(tf_adam_get_state(adam, 1, NULL, NULL, NULL, 0, &steps1) == TF_OK &&
+        steps1 == (1ULL << 63) - 1);
+  CHECK(tf_adam_set_state(adam, 1, NULL, NULL, NULL, N1, 3) == TF_OK);
+  free(m_new);
   /* refresh_master: the master takes the device values. */
   for (size_t e = 0; e < N1; ++e) {
     p1[e] = normal();

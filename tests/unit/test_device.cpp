@@ -2,11 +2,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include "test_support.hpp"
 #include "tierflow/device.hpp"
@@ -282,6 +285,76 @@ TEST_CASE("device memory has a cap and injectable failures", "[device][faults]")
   dev->memory().deallocate(ok, mib);
   dev->memory().deallocate(half, std::size_t{512} << 20);
   CHECK(dev->memory_free_bytes() == std::uint64_t{1} << 30);
+}
+
+TEST_CASE("device memory misuse is logged and leaves the device as it was", "[device][faults]") {
+  auto dev = make_device();
+  const std::uint64_t full = dev->memory_free_bytes();
+  const std::size_t bytes = 3 * 4096 + 100;
+  void* p = dev->memory().allocate(bytes);
+  const std::uint64_t with_p = dev->memory_free_bytes();
+  CHECK(with_p == full - 4 * 4096);
+  std::vector<unsigned char> host(64);
+  for (void* foreign :
+       {static_cast<void*>(host.data()), static_cast<void*>(static_cast<char*>(p) + 4096)}) {
+    test::captured_log log;
+    dev->memory().deallocate(foreign, 4096);  // host memory; an address inside p's block
+    CHECK_THAT(log.text(),
+               Catch::Contains("emulated hbm: deallocate of a pointer it did not hand out"));
+    CHECK(dev->memory_free_bytes() == with_p);
+  }
+  std::memset(p, 1, bytes);  // p is still mapped, every page of it
+  {
+    test::captured_log log;
+    dev->memory().deallocate(p, 64 * 4096);  // a wrong size: logged, freed as allocated
+    CHECK_THAT(
+        log.text(),
+        Catch::Contains("emulated hbm: deallocate with 262144 bytes for an allocation of 12388"));
+  }
+  CHECK(dev->memory_free_bytes() == full);
+  {
+    test::captured_log log;
+    dev->memory().deallocate(p, bytes);  // twice
+    CHECK_THAT(log.text(), Catch::Contains("did not hand out"));
+  }
+  CHECK(dev->memory_free_bytes() == full);
+  void* all = dev->memory().allocate(full);  // the whole device, as before
+  dev->memory().deallocate(all, full);
+  CHECK(dev->memory_free_bytes() == full);
+}
+
+TEST_CASE("a copy that no device buffer can be is refused at enqueue", "[device]") {
+  auto dev = make_device();  // 1 GiB
+  std::vector<unsigned char> host(4096, 7);
+  device_buffer d(*dev, host.size());
+  // The emulated device also copies host memory of the caller's (CPU tensors): the bound is
+  // the larger of its memory and the machine's.
+  const std::uint64_t machine = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                                static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t limit = std::max<std::uint64_t>(std::uint64_t{1} << 30, machine);
+  const std::size_t beyond = limit + 1;
+  for (const auto kind : {copy_kind::h2d, copy_kind::d2h, copy_kind::d2d}) {
+    CHECK_THROWS_WITH(dev->copy_async(d.p, host.data(), beyond, kind, dev->compute_stream()),
+                      Catch::Contains(std::to_string(beyond) + " bytes") &&
+                          Catch::Contains("(" + std::to_string(limit) + " bytes)"));
+    CHECK_THROWS_AS(dev->copy_async(d.p, host.data(), std::numeric_limits<std::size_t>::max(), kind,
+                                    dev->compute_stream()),
+                    tierflow::error);
+  }
+  // A range that runs past the end of the address space, at either end of the copy.
+  void* top = reinterpret_cast<void*>(std::numeric_limits<std::uintptr_t>::max() - 100);
+  CHECK_THROWS_WITH(
+      dev->copy_async(top, host.data(), host.size(), copy_kind::h2d, dev->h2d_stream()),
+      Catch::Contains("wraps the address space"));
+  CHECK_THROWS_WITH(
+      dev->copy_async(host.data(), top, host.size(), copy_kind::d2h, dev->d2h_stream()),
+      Catch::Contains("wraps the address space"));
+  dev->synchronize();  // nothing was enqueued: no error, no wait
+  dev->copy_async(d.p, host.data(), host.size(), copy_kind::h2d, dev->h2d_stream());
+  std::vector<unsigned char> back(host.size());
+  dev->copy_async(back.data(), d.p, back.size(), copy_kind::d2h, dev->h2d_stream());
+  dev->h2d_stream().synchronize();
+  CHECK(back == host);
 }
 
 TEST_CASE("a delayed stream stalls its next operation", "[timing][device][faults]") {
