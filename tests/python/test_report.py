@@ -1,5 +1,6 @@
-"""examples/torch_report.py (the PyTorch main job's report): the HTML report rendered by a real browser (Debian's headless chromium): each
-chart draws one mark per series, bar or point, inside its plot area, and the text is escaped."""
+"""examples/torch_report.py (the PyTorch main job's report), rendered by a real browser
+(Debian's headless chromium): each chart draws one mark per series, bar or point, inside its
+plot area, and the text is escaped."""
 import json
 import random
 import re
