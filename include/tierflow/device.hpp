@@ -128,6 +128,10 @@ class device {
   [[nodiscard]] virtual std::uint64_t memory_free_bytes() = 0;
   /** @brief Device memory (HBM). Its pointers are device pointers. */
   [[nodiscard]] virtual memory_resource& memory() = 0;
+  /** @brief Whether @p p lies in device memory (this device's HBM, or memory the backend
+   *  manages for it), as opposed to host memory of the caller's that its copies also reach
+   *  (CPU tensors on the emulated device, pinned or pageable buffers). False when unknown. */
+  [[nodiscard]] virtual bool is_device_memory(const void* p) noexcept = 0;
   /** @brief Page-locks host memory so this device can DMA it (cudaHostRegister on CUDA). */
   [[nodiscard]] virtual page_locker& host_registration() = 0;
 

@@ -11,9 +11,9 @@
 #include <deque>
 #include <latch>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "core/threads.hpp"
@@ -409,6 +409,17 @@ class emulated_hbm final : public memory_resource {
   std::uint64_t used() const noexcept { return used_.load(); }
   std::uint64_t capacity() const noexcept { return capacity_; }
   void fail_allocation(unsigned k) { fail_countdown_.store(k); }
+  // Whether @p p lies inside a block it handed out.
+  bool contains(const void* p) const noexcept {
+    const std::lock_guard lock(blocks_mutex_);
+    auto it = blocks_.upper_bound(p);
+    if (it == blocks_.begin()) {
+      return false;
+    }
+    --it;
+    const auto* start = static_cast<const unsigned char*>(it->first);
+    return static_cast<const unsigned char*>(p) < start + it->second;
+  }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
@@ -470,8 +481,8 @@ class emulated_hbm final : public memory_resource {
   std::uint64_t capacity_;
   std::atomic<std::uint64_t> used_{0};
   std::atomic<unsigned> fail_countdown_{0};
-  std::mutex blocks_mutex_;
-  std::unordered_map<const void*, std::size_t> blocks_;  // what do_allocate handed out: bytes asked
+  mutable std::mutex blocks_mutex_;
+  std::map<const void*, std::size_t> blocks_;  // what do_allocate handed out: bytes asked
 };
 
 // --- the device -------------------------------------------------------------------------
@@ -497,6 +508,7 @@ class emulated_device_impl final : public emulated_device {
   const device_properties& properties() const noexcept override { return properties_; }
   std::uint64_t memory_free_bytes() override { return hbm_.capacity() - hbm_.used(); }
   memory_resource& memory() override { return hbm_; }
+  bool is_device_memory(const void* p) noexcept override { return hbm_.contains(p); }
   page_locker& host_registration() override { return mlock_page_locker(); }
   stream& compute_stream() override { return compute_; }
   stream& h2d_stream() override { return h2d_; }

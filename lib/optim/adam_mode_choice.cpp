@@ -24,6 +24,13 @@ void choose_mode(adam_core& core) {
         core.mode_reason = "param '" + p.desc.name + "' lives in host memory";
         return;
       }
+      // A param in the caller's host memory (CPU tensors on the emulated device): streaming
+      // its state through an emulated link to update it there only adds copies.
+      if (!core.dev.is_device_memory(p.desc.param)) {
+        core.mode = adam_mode::cpu;
+        core.mode_reason = "param '" + p.desc.name + "' is host memory, not the device's";
+        return;
+      }
     }
   }
   // Bytes per param: cpu mode moves the grad down and the param up over the link and touches

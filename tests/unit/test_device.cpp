@@ -455,3 +455,18 @@ TEST_CASE("open_device picks a backend and says why", "[device]") {
     CHECK(dev->properties().backend == "cuda");
   }
 }
+
+TEST_CASE("is_device_memory: the emulated device's blocks, not the caller's host memory",
+          "[device]") {
+  auto dev = make_device();
+  std::vector<unsigned char> host(4096, 7);
+  void* block = dev->memory().allocate(10000);
+  const auto* bytes = static_cast<const unsigned char*>(block);
+  CHECK(dev->is_device_memory(block));
+  CHECK(dev->is_device_memory(bytes + 9999));
+  CHECK_FALSE(dev->is_device_memory(bytes + 10000));
+  CHECK_FALSE(dev->is_device_memory(host.data()));
+  CHECK_FALSE(dev->is_device_memory(nullptr));
+  dev->memory().deallocate(block, 10000);
+  CHECK_FALSE(dev->is_device_memory(block));
+}

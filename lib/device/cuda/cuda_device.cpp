@@ -250,6 +250,14 @@ class cuda_device final : public device {
     return free;
   }
   memory_resource& memory() override { return memory_; }
+  bool is_device_memory(const void* p) noexcept override {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // pageable host memory on old runtimes: not the device's
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
   page_locker& host_registration() override { return registration_; }
   stream& compute_stream() override { return compute_; }
   stream& h2d_stream() override { return h2d_; }
