@@ -48,7 +48,7 @@ struct session::impl final : param_write_guard {
   std::unique_ptr<prefetch_scheduler> sched;
   std::vector<std::unique_ptr<offload_adam>> opts;  // the last made is optimizer()
 
-  // The pass: the plan step held, the one expected next (-1: any), whether one is open and
+  // The pass: the plan step held, the one expected next (none: any), whether one is open and
   // the furthest step it reached (read by may_write_now() from autograd threads).
   std::optional<std::size_t> acquired;
   std::optional<std::size_t> next;
@@ -63,9 +63,6 @@ struct session::impl final : param_write_guard {
         placement(topo, options.placement) {}
 
   [[nodiscard]] std::size_t steps() const { return 2 * blocks.size(); }
-  [[nodiscard]] std::size_t block_of_step(std::size_t step) const {
-    return step < blocks.size() ? step : steps() - 1 - step;
-  }
   void check_weight(std::size_t w) const {
     TIERFLOW_EXPECTS(w < weights.size(), "session: weight " + std::to_string(w) +
                                              " out of range (" + std::to_string(weights.size()) +

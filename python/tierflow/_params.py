@@ -26,37 +26,12 @@ import torch
 from torch import nn
 
 from tierflow import _capi, _devices
+from tierflow._model_state import _ModelState
+from tierflow._views import _host_view, _view
 
 __all__ = ["OffloadedParameters", "offload_parameters", "weight_of"]
 
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class _CudaBytes:
-    """``bytes`` bytes of device memory at ``address``, as torch.as_tensor takes them."""
-
-    def __init__(self, address: int, nbytes: int):
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (address, False), "version": 2,
-            "strides": None,
-        }
-
-
-def _bytes_at(address: int, nbytes: int, device: torch.device) -> torch.Tensor:
-    """A uint8 tensor over memory tierflow owns (no copy)."""
-    if device.type == "cuda":
-        return torch.as_tensor(_CudaBytes(address, nbytes), device=device)
-    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
-
-
-def _view(address: int, like: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A tensor shaped and typed like ``like`` over ``address``."""
-    nbytes = like.numel() * like.element_size()
-    return _bytes_at(address, nbytes, device).view(like.dtype).view(like.shape)
-
-
-def _host_view(address: int, like: torch.Tensor) -> torch.Tensor:
-    return _view(address, like, torch.device("cpu"))
 
 
 def _storage_address(t: torch.Tensor) -> int:
@@ -70,6 +45,56 @@ def _default_blocks(model: nn.Module) -> list:
         return list(max(lists, key=len))
     return [m for m in model.modules()
             if not list(m.children()) and any(True for _ in m.parameters(recurse=False))]
+
+
+def _collect(model, blocks):
+    """The (block, params with elements) offload_parameters moves, checked."""
+    chosen = _default_blocks(model) if blocks is None else list(blocks)
+    seen = {}
+    out = []
+    for i, block in enumerate(chosen):
+        if not isinstance(block, nn.Module):
+            raise TypeError(f"blocks[{i}] is a {type(block).__name__}, not an nn.Module")
+        params = [p for p in block.parameters() if p.numel() > 0]
+        for p in params:
+            if id(p) in seen:
+                raise ValueError(f"blocks[{i}] and blocks[{seen[id(p)]}] share a param of "
+                                 f"shape {tuple(p.shape)}: a weight lives in one block")
+            if weight_of(p) is not None:
+                raise ValueError(f"blocks[{i}]: a param is offloaded already")
+            if p.dtype not in _SUPPORTED:
+                raise TypeError(f"blocks[{i}]: a param is {p.dtype} (float32, bfloat16 or "
+                                "float16)")
+            if not p.is_contiguous():
+                raise ValueError(f"blocks[{i}]: a param of shape {tuple(p.shape)} is not "
+                                 "contiguous")
+            seen[id(p)] = i
+        if params:
+            out.append((block, params))
+    if not out:
+        raise ValueError("offload_parameters: the blocks hold no params")
+    devices = {p.device for _, ps in out for p in ps}
+    if len(devices) != 1:
+        raise ValueError(f"offload_parameters: params on {sorted(map(str, devices))}: "
+                         "the offloaded params must share one device")
+    return out
+
+def _check_not_shared(model, blocks):
+    """A weight of a block that a module outside the blocks also uses (tied weights: an
+    embedding shared with a head in a block) would read the placeholder there: refused."""
+    inside = {id(m) for block, _ in blocks for m in block.modules()}
+    offloaded = {id(p) for _, ps in blocks for p in ps}
+    for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in offloaded:
+                where = f"{name}.{pname}" if name else pname
+                raise ValueError(
+                    f"offload_parameters: {where} (shape {tuple(p.shape)}) is a weight of an "
+                    "offloaded block that a module outside the blocks also uses (tied "
+                    "weights): leave that block out, or list the sharing modules as one "
+                    "block")
 
 
 class _Saved:
@@ -116,7 +141,7 @@ def take_rewritten(param) -> bool:
     return False
 
 
-class OffloadedParameters:
+class OffloadedParameters(_ModelState):
     """The handle ``offload_parameters`` returns (a context manager: leaving it removes)."""
 
     def __init__(self, model: nn.Module, blocks, window: int, hbm_budget: Optional[int],
@@ -128,8 +153,8 @@ class OffloadedParameters:
             raise ValueError(f"hbm_budget must be a byte count > 0, not {hbm_budget!r}")
         self._model = model
         self._made_in = _devices.generation()
-        self._blocks = self._collect(model, blocks)
-        self._check_not_shared(model, self._blocks)
+        self._blocks = _collect(model, blocks)
+        _check_not_shared(model, self._blocks)
         self._shapes = [[(p.shape, p.dtype) for p in ps] for _, ps in self._blocks]
         self._weights = [p for _, ps in self._blocks for p in ps]
         self._device = self._weights[0].device
@@ -153,56 +178,6 @@ class OffloadedParameters:
             _handles.add(self)
 
     # --- set-up ---------------------------------------------------------------------------
-    @staticmethod
-    def _collect(model, blocks):
-        chosen = _default_blocks(model) if blocks is None else list(blocks)
-        seen = {}
-        out = []
-        for i, block in enumerate(chosen):
-            if not isinstance(block, nn.Module):
-                raise TypeError(f"blocks[{i}] is a {type(block).__name__}, not an nn.Module")
-            params = [p for p in block.parameters() if p.numel() > 0]
-            for p in params:
-                if id(p) in seen:
-                    raise ValueError(f"blocks[{i}] and blocks[{seen[id(p)]}] share a param of "
-                                     f"shape {tuple(p.shape)}: a weight lives in one block")
-                if weight_of(p) is not None:
-                    raise ValueError(f"blocks[{i}]: a param is offloaded already")
-                if p.dtype not in _SUPPORTED:
-                    raise TypeError(f"blocks[{i}]: a param is {p.dtype} (float32, bfloat16 or "
-                                    "float16)")
-                if not p.is_contiguous():
-                    raise ValueError(f"blocks[{i}]: a param of shape {tuple(p.shape)} is not "
-                                     "contiguous")
-                seen[id(p)] = i
-            if params:
-                out.append((block, params))
-        if not out:
-            raise ValueError("offload_parameters: the blocks hold no params")
-        devices = {p.device for _, ps in out for p in ps}
-        if len(devices) != 1:
-            raise ValueError(f"offload_parameters: params on {sorted(map(str, devices))}: "
-                             "the offloaded params must share one device")
-        return out
-
-    @staticmethod
-    def _check_not_shared(model, blocks):
-        """A weight of a block that a module outside the blocks also uses (tied weights: an
-        embedding shared with a head in a block) would read the placeholder there: refused."""
-        inside = {id(m) for block, _ in blocks for m in block.modules()}
-        offloaded = {id(p) for _, ps in blocks for p in ps}
-        for name, module in model.named_modules():
-            if id(module) in inside:
-                continue
-            for pname, p in module.named_parameters(recurse=False):
-                if id(p) in offloaded:
-                    where = f"{name}.{pname}" if name else pname
-                    raise ValueError(
-                        f"offload_parameters: {where} (shape {tuple(p.shape)}) is a weight of an "
-                        "offloaded block that a module outside the blocks also uses (tied "
-                        "weights): leave that block out, or list the sharing modules as one "
-                        "block")
-
     def _build(self, window, hbm_budget, placement, trace):
         """The session: its weights, block by block (the C library allocates the tier copies)."""
         options = _capi.SessionOptions()
@@ -347,44 +322,6 @@ class OffloadedParameters:
     def _backward_done(self):
         self._callback_queued = False
         self._end_pass()
-
-    # --- the model's state_dict and load_state_dict see the tier copies ---------------------
-    def _offloaded_keys(self, module, prefix):
-        for name, p in module.named_parameters():
-            i = self._weight_index.get(id(p))
-            if i is not None and self._weights[i] is p:
-                yield prefix + name, i, p
-
-    def _state_dict_hook(self, module, state_dict, prefix, _local_metadata):
-        """The weights' values (their tier copies), not the placeholders the params hold
-        outside their block's forward."""
-        for key, i, p in self._offloaded_keys(module, prefix):
-            if key in state_dict:
-                with torch.no_grad():
-                    state_dict[key] = _host_view(self._homes[i], p).to(self._device, copy=True)
-
-    def _load_pre_hook(self, module, state_dict, prefix, *_args):
-        """torch copies each loaded value into its param: into a scratch tensor holding the
-        weight's values (so a value torch refuses leaves them as they were), which the post
-        hook writes into the tier copy."""
-        for key, i, p in self._offloaded_keys(module, prefix):
-            if key in state_dict and i not in self._loading:
-                with torch.no_grad():
-                    scratch = _host_view(self._homes[i], p).to(self._device, copy=True)
-                self._loading[i] = scratch
-                p.data = scratch
-
-    def _load_post_hook(self, module, _incompatible_keys):
-        mine = [i for _, i, _ in self._offloaded_keys(module, "") if i in self._loading]
-        if not mine:
-            return
-        self._end_pass()  # nothing staged or in flight while the tier copies change
-        with torch.no_grad():
-            for i in mine:
-                p = self._weights[i]
-                _host_view(self._homes[i], p).copy_(self._loading.pop(i))
-                p.data = self._placeholder(p)
-                self._rewritten.add(i)
 
     # --- what users call ------------------------------------------------------------------
     def metrics(self) -> dict:

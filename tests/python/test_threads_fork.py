@@ -64,6 +64,17 @@ def test_the_first_step_from_several_threads_builds_one_optimizer(seed):
         assert opt.state_dict()["state"][0]["step"] == applied
 
 
+def _two_steps(values, grads):
+    """Params holding ``values`` after two steps of a new OffloadAdamW with ``grads``."""
+    params = [nn.Parameter(t.clone()) for t in values]
+    opt = OffloadAdamW(params, lr=1e-2)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step()
+    opt.step()
+    return params
+
+
 def _wait(pid, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -86,12 +97,7 @@ def test_a_forked_child_gets_a_clear_error_and_new_objects_work(seed, overlap, t
     fresh = [p.detach().clone() for p in params]
     grads = [p.grad.clone() for p in params]
     # What a new optimizer in the child must produce: the same steps made here.
-    expected = [nn.Parameter(t.clone()) for t in fresh]
-    ref = OffloadAdamW(expected, lr=1e-2)
-    for q, g in zip(expected, grads):
-        q.grad = g.clone()
-    ref.step()
-    ref.step()
+    expected = _two_steps(fresh, grads)
     model = nn.Sequential(*(nn.Linear(24, 24) for _ in range(3)))
     plain_weights = [p.detach().clone() for p in model.parameters()]
     handle = offload_parameters(model, blocks=list(model), window=1)
@@ -115,12 +121,7 @@ def test_a_forked_child_gets_a_clear_error_and_new_objects_work(seed, overlap, t
             same = all(torch.equal(p.detach(), q) for p, q in zip(model.parameters(),
                                                                  plain_weights))
             lines.append("weights back" if same else "weights differ")
-            mine = [nn.Parameter(t.clone()) for t in fresh]
-            new = OffloadAdamW(mine, lr=1e-2)
-            for q, g in zip(mine, grads):
-                q.grad = g.clone()
-            new.step()
-            new.step()
+            mine = _two_steps(fresh, grads)  # a new optimizer, made here
             same = all(torch.equal(a.detach(), b.detach()) for a, b in zip(mine, expected))
             lines.append("new optimizer exact" if same else "new optimizer differs")
             report.write_text("\n".join(lines))
