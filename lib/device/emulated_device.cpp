@@ -401,7 +401,6 @@ class emulated_stream final : public stream {
   std::thread worker_;
 };
 
-
 // --- the device -------------------------------------------------------------------------
 
 class emulated_device_impl final : public emulated_device {
