@@ -76,6 +76,7 @@ class _Binding:
                                f"{len(self._released)} grads to it: call step() (or zero_grad()) "
                                "before changing the params or their groups")
         carried = {}
+        homes = {pid: home for _, pid, home, _ in (self._layout_key or ())}
         if self._adam is not None:
             carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
                        enumerate(self._entries)}
@@ -102,6 +103,10 @@ class _Binding:
         for i, (_, p) in enumerate(entries):
             if id(p) in carried:
                 state = carried[id(p)]
+                if homes.get(id(p)) != _home(p):
+                    # .data replaced (vector_to_parameters, a manual swap): the new values are
+                    # the param's now, so its master is read from them, not carried over
+                    state.master = None
                 if state.step > 0:
                     _state.write(adam, i, p, state)
         self._layout_key = key
