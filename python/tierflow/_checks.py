@@ -124,3 +124,32 @@ def make_options(max_grad_norm, mode, placement, chunk_elements, threads, overla
     return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
             "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap,
             "release_grads": release_grads}
+
+
+def _byte_range(t: torch.Tensor) -> tuple:
+    """(storage address, first byte, end byte) of a tensor's elements (this rank's shard)."""
+    t = _dtensor.local(t)
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    first = t.storage_offset() * t.element_size()
+    return storage.data_ptr(), first, first + t.numel() * t.element_size()
+
+
+class _MemoryIndex:
+    """The byte ranges of an optimizer's params by storage, to refuse a param that shares memory
+    with another (a view of it): the step would update those elements twice."""
+
+    def __init__(self):
+        self._ranges = {}  # storage address -> [(first, end, group, index)]
+
+    def add(self, param, group: int, index: int, label: str) -> None:
+        """Records ``param``, or refuses it naming the param it overlaps. @raises ValueError"""
+        if _params.weight_of(param) is not None or _dtensor.local(param).numel() == 0:
+            return  # a weight in a tier: its memory is the session's, one weight each
+        address, first, end = _byte_range(param)
+        ranges = self._ranges.setdefault(address, [])
+        for q_first, q_end, g, i in ranges:
+            if first < q_end and q_first < end:
+                raise ValueError(f"{label} shares memory with param {i} of group {g} (a view "
+                                 "of it, or it of the param): each element may be in one "
+                                 "param once")
+        ranges.append((first, end, group, index))

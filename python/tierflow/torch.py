@@ -24,7 +24,7 @@ import torch
 from tierflow import _capi, _devices, _state
 from tierflow._announce import _Announcing
 from tierflow._binding import _Binding
-from tierflow._checks import _check_group, _check_param, _holds_elements, _label, \
+from tierflow._checks import _MemoryIndex, _check_group, _check_param, _holds_elements, _label, \
     _torch_defaults, make_options
 from tierflow._params import OffloadedParameters, offload_parameters
 
@@ -127,6 +127,9 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         first = next(self._flat(), None)
         device = first[2].device if first else None
         base = len(seen)
+        memory = _MemoryIndex()
+        for g, i, q in self._flat():
+            memory.add(q, g, i, _label(q, i, g))
         for j, p in enumerate(params):
             label = _label(p, base + j, gi)
             if isinstance(p, torch.Tensor) and device is not None and p.device != device:
@@ -137,6 +140,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
                 g, i = seen[id(p)]
                 raise ValueError(f"{label} is already param {i} of group {g}: a tensor may be in"
                                  " one group once")
+            memory.add(p, gi, base + j, label)
             seen[id(p)] = (gi, base + j)
             device = device or p.device
         super().add_param_group(group)
