@@ -4,6 +4,7 @@
 // reference see the same ones), the optimizer state as bytes, a scalar reference of the
 // state, and the process's threads and resident memory.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -404,6 +405,18 @@ inline std::uint64_t thread_count() {
   }();
   (void)settled;
   return proc_status_value("Threads:");
+}
+
+/** The thread count, waiting up to 2 s while it is above @p expected: a joined thread can be
+ *  counted for a moment after pthread_join returns (the kernel reaps it after it wakes the
+ *  joiner), which a loaded machine makes visible. A thread left running stays counted. */
+inline std::uint64_t thread_count_after_joins(std::uint64_t expected) {
+  std::uint64_t n = thread_count();
+  for (int i = 0; i < 200 && n > expected; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = thread_count();
+  }
+  return n;
 }
 
 /** Resident set size of this process now, in bytes (/proc/self/statm). */

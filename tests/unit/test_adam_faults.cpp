@@ -180,7 +180,8 @@ TEST_CASE(
       }
     }
   }
-  CHECK(test::thread_count() == threads_before);  // no thread left running
+  CHECK(test::thread_count_after_joins(threads_before) ==
+        threads_before);  // no thread left running
   for (auto& [what, t] : totals) {
     std::cout << "adam faults: " << what << ": " << t.injected << " injected, all survived ("
               << t.outcomes[adam_step_error::outcome::not_applied] << " not applied and retried, "
@@ -503,7 +504,7 @@ TEST_CASE("a failed or refused HBM allocation fails construction cleanly, cpu mo
     REQUIRE(rig.opt().step().applied);
     CHECK_THROWS_AS(rig.dev().memory().allocate(64), out_of_capacity);
   }
-  CHECK(test::thread_count() == threads_before);
+  CHECK(test::thread_count_after_joins(threads_before) == threads_before);
 }
 
 namespace {
@@ -594,7 +595,7 @@ TEST_CASE("a full host tier fails construction with the class and tier, and leak
     }
   }
   CHECK(refused == 7);
-  CHECK(test::thread_count() == threads_before);
+  CHECK(test::thread_count_after_joins(threads_before) == threads_before);
 }
 
 TEST_CASE("load() whose params upload fails keeps the loaded state and re-sends the params",

@@ -139,7 +139,7 @@ TEST_CASE("soak: random plans under random faults end bit-exact, and memory stay
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto end_rss = settled_resident_bytes();
-  CHECK(test::thread_count() == threads_before);
+  CHECK(test::thread_count_after_joins(threads_before) == threads_before);
   int faults = 0;
   for (const auto& [kind, n] : injected) {
     std::cout << "soak: " << kind << ": " << n << "\n";
