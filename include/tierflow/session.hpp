@@ -114,6 +114,8 @@ class session {
                   const std::function<void(std::size_t, void*)>& initialize = {});
   [[nodiscard]] std::size_t block_count() const noexcept;
   [[nodiscard]] std::size_t weight_count() const noexcept;
+  /** @brief How many weights block @p block holds. @throws error out of range */
+  [[nodiscard]] std::size_t block_size(std::size_t block) const;
   /** @brief The session-wide index of weight @p index of block @p block. @throws error */
   [[nodiscard]] std::size_t weight(std::size_t block, std::size_t index) const;
   /** @brief The block weight @p weight belongs to. @throws error out of range */

@@ -134,19 +134,10 @@ tf_status tf_session_acquire(tf_session* session, size_t block, int backward, vo
     if (backward != 0 && backward != 1) {
       throw tierflow::error("backward must be 0 or 1, not " + std::to_string(backward));
     }
-    if (block < s.block_count()) {
-      std::size_t weights = 0;
-      while (weights < s.weight_count() && s.block_of(weights) != block) {
-        ++weights;
-      }
-      std::size_t n = 0;
-      while (weights + n < s.weight_count() && s.block_of(weights + n) == block) {
-        ++n;
-      }
-      if (count != n) {
-        throw tierflow::error("block " + std::to_string(block) + " has " + std::to_string(n) +
-                              " weights, count is " + std::to_string(count));
-      }
+    if (block < s.block_count() && count != s.block_size(block)) {
+      throw tierflow::error("block " + std::to_string(block) + " has " +
+                            std::to_string(s.block_size(block)) + " weights, count is " +
+                            std::to_string(count));
     }
     const auto direction =
         backward != 0 ? tierflow::pass_direction::backward : tierflow::pass_direction::forward;

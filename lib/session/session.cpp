@@ -283,6 +283,13 @@ std::size_t session::weight_count() const noexcept {
   return impl_->weights.size();
 }
 
+std::size_t session::block_size(std::size_t block) const {
+  TIERFLOW_EXPECTS(block < impl_->blocks.size(),
+                   "session: block " + std::to_string(block) + " out of range (" +
+                       std::to_string(impl_->blocks.size()) + " blocks)");
+  return impl_->blocks[block].size();
+}
+
 std::size_t session::weight(std::size_t block, std::size_t index) const {
   TIERFLOW_EXPECTS(block < impl_->blocks.size() && index < impl_->blocks[block].size(),
                    "session: block " + std::to_string(block) + " weight " + std::to_string(index) +

@@ -107,38 +107,40 @@ class _Saved:
         self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
 
 
-# The live handles, for weight_of (an OffloadAdamW finds its session weights here).
-_handles: "weakref.WeakSet[OffloadedParameters]" = weakref.WeakSet()
-_handles_lock = threading.Lock()
+# The weights live handles hold, by id(param): (weak handle, weight index). A step looks its
+# params up here (weight_of): one dict read each, no lock (writes take it).
+_offloaded: dict = {}
+_offloaded_lock = threading.Lock()
 # The figures a pass is measured by (metrics()["last_pass"]).
 _PASS_KEYS = ("compute_s", "stall_s", "bytes_in", "bytes_out", "late_prefetches", "elapsed_s")
+
+
+def _holder(param) -> Optional[tuple]:
+    """(handle, weight index) of ``param`` if a live handle holds it."""
+    entry = _offloaded.get(id(param))
+    if entry is None:
+        return None
+    handle = entry[0]()
+    if handle is None or handle._weights[entry[1]] is not param:
+        return None  # a handle collected without remove(), or an id reused
+    return handle, entry[1]
 
 
 def weight_of(param) -> Optional[tuple]:
     """(session handle, weight index) of a weight that offload_parameters holds in a tier,
     else None: the optimizer makes its C optimizer in that session."""
-    with _handles_lock:
-        handles = list(_handles)
-    for h in handles:
-        i = h._weight_index.get(id(param))
-        if i is not None and h._weights[i] is param:
-            return h._session, i
-    return None
+    held = _holder(param)
+    return None if held is None else (held[0]._session, held[1])
 
 
 def take_rewritten(param) -> bool:
     """Whether load_state_dict wrote ``param``'s tier copy since the last call (then the
     optimizer re-reads its master weights from it)."""
-    weight = weight_of(param)
-    if weight is None:
+    held = _holder(param)
+    if held is None or held[1] not in held[0]._rewritten:
         return False
-    with _handles_lock:
-        handles = list(_handles)
-    for h in handles:
-        if h._session is weight[0] and weight[1] in h._rewritten:
-            h._rewritten.discard(weight[1])
-            return True
-    return False
+    held[0]._rewritten.discard(held[1])
+    return True
 
 
 class OffloadedParameters(_ModelState):
@@ -174,8 +176,9 @@ class OffloadedParameters(_ModelState):
             block._register_state_dict_hook(self._state_dict_hook),
             block._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True),
             block.register_load_state_dict_post_hook(self._load_post_hook))]
-        with _handles_lock:
-            _handles.add(self)
+        with _offloaded_lock:
+            me = weakref.ref(self)
+            _offloaded.update({id(p): (me, i) for i, p in enumerate(self._weights)})
 
     # --- set-up ---------------------------------------------------------------------------
     def _build(self, window, hbm_budget, placement, trace):
@@ -358,8 +361,11 @@ class OffloadedParameters(_ModelState):
             self._release()
         if not forked:
             _capi.call("tf_session_end_pass", self._session)
-        with _handles_lock:
-            _handles.discard(self)
+        with _offloaded_lock:
+            for p in self._weights:
+                held = _holder(p)
+                if held is not None and held[0] is self:
+                    del _offloaded[id(p)]
         for hook in self._hooks:
             hook.remove()
         with torch.no_grad():
