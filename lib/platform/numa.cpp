@@ -28,8 +28,12 @@ std::size_t page_size() noexcept {
 }
 
 std::uint64_t physical_memory_bytes() noexcept {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  return pages > 0 ? static_cast<std::uint64_t>(pages) * page_size() : 0;
+  // Read once: the emulated device checks every copy against it.
+  static const std::uint64_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    return pages > 0 ? static_cast<std::uint64_t>(pages) * page_size() : std::uint64_t{0};
+  }();
+  return bytes;
 }
 
 int map_anonymous(std::size_t bytes, std::size_t alignment, void*& out) noexcept {
