@@ -125,6 +125,10 @@ typedef struct tf_adam tf_adam;
 const char* tf_last_error(void);
 /* The library version, e.g. "0.1.0". */
 const char* tf_version(void);
+/* How this library was built, as one JSON object (static text, valid for the process):
+ * {"version":"0.1.0","cuda":true,"cuda_runtime":"13.0"}; "cuda" is false and "cuda_runtime"
+ * null in a build without the CUDA backend (tf_device_open("cuda") then fails). */
+const char* tf_build_info_json(void);
 
 void tf_adam_hyper_default(tf_adam_hyper* hyper);
 void tf_adam_options_default(tf_adam_options* options);

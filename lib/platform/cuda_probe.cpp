@@ -65,6 +65,10 @@ bool cuda_enumerate(bool query_free, std::vector<cuda_device_facts>& out,
   }
 }
 
+int cuda_runtime_version_built() noexcept {
+  return CUDART_VERSION;
+}
+
 #else
 
 bool cuda_enumerate(bool /*query_free*/, std::vector<cuda_device_facts>& out,
@@ -72,6 +76,10 @@ bool cuda_enumerate(bool /*query_free*/, std::vector<cuda_device_facts>& out,
   out.clear();
   why = "tierflow was built without CUDA (TIERFLOW_WITH_CUDA=OFF or no toolkit)";
   return false;
+}
+
+int cuda_runtime_version_built() noexcept {
+  return 0;
 }
 
 #endif

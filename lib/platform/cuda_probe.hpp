@@ -24,4 +24,10 @@ struct cuda_device_facts {
 bool cuda_enumerate(bool query_free, std::vector<cuda_device_facts>& out,
                     std::string& why) noexcept;
 
+/**
+ * The CUDA runtime version this build was compiled against (CUDART_VERSION: 1000 x major +
+ * 10 x minor, e.g. 13000); 0 when it was built without CUDA.
+ */
+int cuda_runtime_version_built() noexcept;
+
 }  // namespace tierflow::detail::platform

@@ -1,8 +1,9 @@
 """tierflow: tiered-memory offload for ML training, from Python.
 
 ``tierflow.torch`` holds the PyTorch optimizers (``OffloadAdamW``, ``OffloadAdam``). This module
-loads ``libtierflow.so`` (see ``tierflow._capi``) and defines the exceptions every call raises;
-it does not import torch.
+loads ``libtierflow.so`` (see ``tierflow._capi``), says how it was built (``build_info()``) and
+where it is (``library_path()``), and defines the exceptions every call raises; it does not
+import torch.
 """
 from tierflow._capi import (
     BusyError,
@@ -11,6 +12,7 @@ from tierflow._capi import (
     OutOfMemoryError,
     TierflowEnvironmentError,
     TierflowError,
+    build_info,
     library_path,
     library_version,
 )
@@ -22,6 +24,7 @@ __all__ = [
     "OutOfMemoryError",
     "TierflowEnvironmentError",
     "TierflowError",
+    "build_info",
     "library_path",
     "library_version",
 ]

@@ -1,8 +1,9 @@
 """The C ABI (include/tierflow/tierflow.h) over ctypes: the library, its prototypes, its errors.
 
 The library is looked for, in order: the path in the environment variable ``TIERFLOW_LIBRARY``
-(an error if that file is missing), ``libtierflow.so`` beside this package (the build tree and
-``cmake --install`` put it there), then ``libtierflow.so.0`` on the system's search path.
+(an error if that file is missing), ``libtierflow.so`` in this package's folders (the build
+tree, ``cmake --install`` and ``pip install`` put it beside the modules; an editable install
+keeps it apart from them), then ``libtierflow.so.0`` on the system's search path.
 Every call that returns a ``tf_status`` goes through :func:`check`, which raises the exception
 for that status with ``tf_last_error()``'s message.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import sys
 from ctypes import (
     POINTER,
     Structure,
@@ -189,6 +191,7 @@ _FLOATS = POINTER(c_float)
 
 # name: (restype, argtypes); a restype of _STATUS makes the call raise on failure.
 _PROTOTYPES = {
+    "tf_build_info_json": (c_char_p, []),
     "tf_last_error": (c_char_p, []),
     "tf_version": (c_char_p, []),
     "tf_adam_hyper_default": (None, [POINTER(AdamHyper)]),
@@ -281,8 +284,12 @@ def _candidates() -> list[tuple[str, bool]]:
     env = os.environ.get("TIERFLOW_LIBRARY")
     if env:
         return [(env, True)]
-    beside = Path(__file__).resolve().parent / "libtierflow.so"
-    return [(str(beside), False), (f"libtierflow.so.{ABI_MAJOR}", False)]
+    # The package's __path__: one folder, or (an editable install) the sources and the folder
+    # the build installed the library into.
+    folders = getattr(sys.modules.get(__package__), "__path__", None) or [Path(__file__).parent]
+    beside = [str(Path(folder).resolve() / "libtierflow.so") for folder in folders]
+    return [(path, False) for path in dict.fromkeys(beside)] + [
+        (f"libtierflow.so.{ABI_MAJOR}", False)]
 
 
 def _open_library() -> tuple[ctypes.CDLL, str]:
@@ -320,7 +327,16 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = argtypes
 
 
-lib, library_path = _open_library()
+class _LibraryPath(str):
+    """The loaded library's path: ``tierflow.library_path()``. It is also that path as a
+    ``str`` (``tierflow.library_path`` was a string before it was a call; both spellings work)."""
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+lib, _loaded = _open_library()
+library_path = _LibraryPath(_loaded)
 _declare(lib)
 
 
@@ -342,6 +358,15 @@ def _check_version() -> None:
 
 
 _check_version()
+
+
+def build_info() -> dict:
+    """How the loaded library was built: ``{"version": "0.1.0", "cuda": True, "cuda_runtime":
+    "13.0", "library": <its path>}``; ``cuda`` False (``cuda_runtime`` None) when it was built
+    without the CUDA backend, as a wheel built where no CUDA toolkit was found is."""
+    info = json.loads(lib.tf_build_info_json().decode())
+    info["library"] = str(library_path)
+    return info
 
 
 def last_error() -> str:

@@ -46,6 +46,19 @@ def check_process(made_in: int, what: str) -> None:
                            "state: save() in the parent and load() here, or state_dict())")
 
 
+def _require_cuda_build(spec: str) -> None:
+    """Refuses a CUDA tensor in a library built without the CUDA backend, saying so and how to
+    get one. @raises DeviceError"""
+    info = _capi.build_info()
+    if not info["cuda"]:
+        raise _capi.DeviceError(
+            f"a tensor on {spec} reached tierflow, whose library ({info['library']}) was built "
+            "without the CUDA backend (tierflow.build_info()['cuda'] is False: no CUDA toolkit "
+            "was found when it was built). Rebuild it where nvcc is found (on PATH, or "
+            "CUDACXX=/path/to/nvcc): pip install . or cmake -DTIERFLOW_WITH_CUDA=ON; or keep "
+            "the params on the CPU", _capi.ERR_DEVICE, "tf_device_open")
+
+
 def device_handle(device: torch.device) -> ctypes.c_void_p:
     """The process's tf_device for a torch device (opened once, kept for the process)."""
     if device.type == "cuda":
@@ -56,6 +69,8 @@ def device_handle(device: torch.device) -> ctypes.c_void_p:
     with _devices_lock:
         handle = _devices.get(spec)
         if handle is None:
+            if device.type == "cuda":
+                _require_cuda_build(spec)
             handle = ctypes.c_void_p()
             _capi.call("tf_device_open", spec.encode(), ctypes.byref(handle))
             _devices[spec] = handle

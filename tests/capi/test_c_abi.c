@@ -110,6 +110,25 @@ static void device_memory_misuse(tf_device* dev) {
   CHECK(tf_device_alloc(dev, before + 4096, &big) == TF_ERR_OUT_OF_MEMORY);
 }
 
+/* tf_build_info_json names this library's version, and says "cuda":false exactly when
+ * tf_device_open("cuda") says the build lacks the CUDA backend. */
+static void build_info(void) {
+  const char* info = tf_build_info_json();
+  printf("build: %s\n", info);
+  char version[64];
+  snprintf(version, sizeof version, "{\"version\":\"%s\",", tf_version());
+  CHECK(strncmp(info, version, strlen(version)) == 0);
+  const int cuda = strstr(info, "\"cuda\":true,\"cuda_runtime\":\"") != NULL;
+  CHECK(cuda || strstr(info, "\"cuda\":false,\"cuda_runtime\":null}") != NULL);
+  tf_device* dev = NULL;
+  if (tf_device_open("cuda", &dev) == TF_OK) {
+    CHECK(cuda);
+    tf_device_destroy(dev);
+  } else {
+    CHECK((strstr(tf_last_error(), "built without the CUDA backend") == NULL) == cuda);
+  }
+}
+
 /* A copy that outlives its limit is the failure under test (a refused copy returns at once). */
 static void on_alarm(int sig) {
   (void)sig;
@@ -130,6 +149,7 @@ int main(int argc, char** argv) {
          (unsigned long long)rng_state);
   const char* dir = argc > 1 ? argv[1] : ".";
   printf("tierflow %s\n", tf_version());
+  build_info();
 
   tf_device* dev = NULL;
   CHECK(tf_device_open("no-such-backend", &dev) == TF_ERR_INPUT);

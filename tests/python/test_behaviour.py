@@ -177,7 +177,7 @@ def test_the_loader_says_what_it_tried(tmp_path):
     junk.write_text("not a library")
     result = _import_with(str(junk))
     assert result.returncode != 0 and "cannot load" in result.stderr
-    result = _import_with(tierflow.library_path)
+    result = _import_with(tierflow.library_path())
     assert result.returncode == 0, result.stderr
     assert tierflow.library_version().split(".")[0] == "0"
 
