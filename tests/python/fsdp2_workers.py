@@ -6,6 +6,7 @@ reports to the test with the rank's traceback. torch's own run (torch.optim.Adam
 same fully_shard) goes first: when it fails, FSDP2 does not run on this torch's CPU, and the
 scenario writes why to ``args["skip"]`` for the test to skip with, instead of failing.
 """
+import copy
 import importlib
 import os
 
@@ -150,7 +151,8 @@ def scenario_train(rank, world, port, args):
         ref = sharded_model(seed)
         ref_opt = torch.optim.AdamW(ref.parameters(), foreach=False, **HYPER)
         train(ref, ref_opt, data, 0, k)
-        at_k, state = full(ref), ref_opt.state_dict()
+        # a copy: torch's state_dict() holds the live state tensors, which the steps to n change
+        at_k, state = full(ref), copy.deepcopy(ref_opt.state_dict())
         train(ref, ref_opt, data, k, steps)
         return at_k, state, full(ref)
 
