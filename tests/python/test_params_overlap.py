@@ -8,17 +8,27 @@ import sys
 import textwrap
 
 CHILD = textwrap.dedent("""
-    import json, sys, torch
+    import json, sys, time, torch
     from torch import nn
     from tierflow.torch import offload_parameters
     torch.manual_seed(int(sys.argv[1]))
     torch.set_num_threads(1)
     width, blocks = 256, 6
+    # Rows enough that a block's forward lasts 3 x its copy (257 KiB at 0.1 GB/s: 2.6 ms), so
+    # that a window ahead can hide it, on any torch: PyPI's torch 2.x runs this Linear ~40 x
+    # faster than Debian's 1.13.
+    probe, x = nn.Linear(width, width), torch.randn(256, width)
+    probe(x)
+    start = time.perf_counter()
+    for _ in range(5):
+        probe(x)
+    seconds_per_row = (time.perf_counter() - start) / 5 / 256
+    rows = min(16384, max(256, int(3 * 2.6e-3 / seconds_per_row)))
     out = {}
     for window in (0, 2):
         model = nn.Sequential(*[nn.Linear(width, width) for _ in range(blocks)])
         with offload_parameters(model, blocks=list(model), window=window) as h:
-            x = torch.randn(256, width)
+            x = torch.randn(rows, width)
             for _ in range(3):
                 model(x).square().mean().backward()
             out[window] = h.metrics()
