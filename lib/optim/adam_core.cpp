@@ -87,18 +87,33 @@ void adam_core::flush_state() {
   }
 }
 
-unsigned char* adam_core::host_grads(const chunk_ref& c) const {
+unsigned char* adam_core::grads_staging(const chunk_ref& c) const {
   const param_state& p = param_of(c);
   return static_cast<unsigned char*>(grads_host.data()) + p.grad_offset +
          c.offset * dtype_bytes(p.desc.dtype);
 }
 
+const unsigned char* adam_core::host_grads(const chunk_ref& c) const {
+  const param_state& p = param_of(c);
+  if (grads_in_place[c.index] != 0) {
+    return static_cast<const unsigned char*>(p.desc.grad) + c.offset * dtype_bytes(p.desc.dtype);
+  }
+  return grads_staging(c);
+}
+
 std::size_t adam_core::copy_grads_down(const chunk_ref& c, stream& d2h) {
   const param_state& p = param_of(c);
   const std::size_t eb = dtype_bytes(p.desc.dtype);
-  dev.copy_async(host_grads(c), static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
+  grads_in_place[c.index] = 0;
+  dev.copy_async(grads_staging(c), static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb,
                  c.count * eb, copy_kind::d2h, d2h);
   return c.count * eb;
+}
+
+bool adam_core::read_grads_in_place(const chunk_ref& c) {
+  const bool here = mode == adam_mode::cpu && param_of(c).grad_on_host;
+  grads_in_place[c.index] = here ? 1 : 0;
+  return here;
 }
 
 void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars) {

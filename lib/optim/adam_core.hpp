@@ -70,6 +70,8 @@ struct adam_core {
   std::unique_ptr<event> compute_done;
   std::vector<registration> registered;
   std::vector<double> partial;  // per chunk: Σ g²
+  // Per chunk: this step reads its grads where they are (host memory), not in grads_host.
+  std::vector<char> grads_in_place;
   // streamed mode's prefetch scheduler (null in cpu mode): adam_streamed_step makes it and
   // streams the state through it; flush_state() drops its prefetches before the host reads or
   // writes the state.
@@ -99,10 +101,15 @@ struct adam_core {
   [[nodiscard]] const param_state& param_of(const chunk_ref& c) const {
     return groups[c.group].params[c.param];
   }
-  // Chunk @p c's grads in the host grads buffer (in the param's dtype).
-  [[nodiscard]] unsigned char* host_grads(const chunk_ref& c) const;
+  // Chunk @p c's grads on the host (in the param's dtype): where they are when this step reads
+  // them in place, else in the host grads buffer.
+  [[nodiscard]] const unsigned char* host_grads(const chunk_ref& c) const;
+  // Chunk @p c's room in the host grads buffer.
+  [[nodiscard]] unsigned char* grads_staging(const chunk_ref& c) const;
   // Enqueues the copy of chunk @p c's grads into the host grads buffer on @p d2h; its bytes.
   std::size_t copy_grads_down(const chunk_ref& c, stream& d2h);
+  // Chunk @p c's grads are read where they are this step (host memory); false if not.
+  bool read_grads_in_place(const chunk_ref& c);
   // The Adam update of chunk @p c in the tier, from its grads in the host grads buffer.
   void update_on_host(const chunk_ref& c, const adam_scalars& scalars);
   // Every active param's step count, and that of each group with an active param, +1.

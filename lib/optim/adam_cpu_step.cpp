@@ -1,6 +1,7 @@
 // cpu mode, one step:
 //   1. the D2H stream waits for the compute stream (the backward pass), then copies each
-//      chunk's grads into a host buffer, recording an event per chunk;
+//      chunk's grads into a host buffer, recording an event per chunk; grads in host memory
+//      (CPU tensors, pinned buffers) are not copied: the workers read them where they are;
 //   2. the workers take chunks in order as they land and sum their squares (the norm pass
 //      overlaps the copies); partial sums are per chunk, so the total does not depend on
 //      which thread took which chunk;
@@ -116,19 +117,29 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
     }
   };
 
-  // 1. Grads down, chunk by chunk, after the work that made them.
+  // 1. Grads down, chunk by chunk, after the work that made them; grads in host memory are
+  //    read where they are.
   core_.dev.compute_stream().record(*core_.compute_done);
   d2h.wait(*core_.compute_done);
+  bool any_in_place = false;
   for (const auto& c : core_.chunks) {
     if (!core_.active(c) || summed(c.index)) {
       continue;  // no grad this step (not read, and left alone), or already down
+    }
+    if (core_.read_grads_in_place(c)) {
+      any_in_place = true;
+      continue;
     }
     const std::size_t bytes = core_.copy_grads_down(c, d2h);
     d2h.record(*core_.chunk_events[c.index]);
     core_.totals.bytes_d2h += bytes;
   }
-  // 2. Σ g² per chunk as each lands.
+  // 2. Σ g² per chunk as each lands (those read in place once the work that makes them is
+  //    done).
   try {
+    if (any_in_place) {
+      await(*core_.compute_done, deadline, "the work that makes the grads");
+    }
     sum_grads(deadline);
   } catch (...) {
     drop_speculation();
@@ -188,8 +199,10 @@ void adam_cpu_step::sum_grads(const step_deadline& deadline) {
     if (speculation_ != nullptr && speculation_->summed(index)) {
       return;  // summed by the speculation
     }
-    await(*core_.chunk_events[index], deadline,
-          "the grads (the work that makes them, then their copy)");
+    if (core_.grads_in_place[index] == 0) {
+      await(*core_.chunk_events[index], deadline,
+            "the grads (the work that makes them, then their copy)");
+    }
     const param_state& p = core_.param_of(c);
     core_.partial[index] =
         grad_sum_squares(core_.kernel, core_.host_grads(c), p.desc.dtype, c.count);
@@ -255,7 +268,9 @@ void adam_cpu_step::upload_chunk(stream& h2d, const chunk_ref& c, std::size_t sl
   const float* master = p.master_p() + c.offset;
   void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
   if (p.desc.param_on_host) {
-    store_params(core_.kernel, master, dst, p.desc.dtype, c.count);
+    if (!p.master_is_param) {  // else the update wrote it
+      store_params(core_.kernel, master, dst, p.desc.dtype, c.count);
+    }
     return;
   }
   if (p.desc.dtype == param_dtype::f32) {

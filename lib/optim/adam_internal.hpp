@@ -15,18 +15,34 @@
 
 namespace tierflow::detail {
 
-/** One parameter's state: fp32 master weights, and the moments m then v in one allocation. */
+/** One parameter's state: fp32 master weights and the moments m and v, each array staggered
+ *  in its allocation (tierflow/detail/stagger.hpp) so that no two that a step streams together
+ *  alias. */
 struct param_state {
   adam_param desc;
-  tier_allocation master;       // elements floats
-  tier_allocation moments;      // 2 × elements floats: exp_avg, then exp_avg_sq
+  tier_allocation master;   // elements floats (+ stagger slack); empty when master_is_param
+  tier_allocation moments;  // exp_avg, then exp_avg_sq (each + stagger slack)
+  float* master_at = nullptr;
+  float* m_at = nullptr;
+  float* v_at = nullptr;
+  // An fp32 param in host memory, stepped in cpu mode without an overlap, is its own master
+  // (as torch's AdamW steps it): 8 B of state per param, and no copy of the param after the
+  // update.
+  bool master_is_param = false;
+  // desc.grad is host memory the step reads in place (cpu mode): no copy into grads_host.
+  bool grad_on_host = false;
+  // It has room in grads_host. A param in the caller's host memory stepped without an overlap
+  // has none: its grad must be host memory too (a CPU tensor's grad is), read in place.
+  bool grads_staged = true;
   std::size_t grad_offset = 0;  // bytes into the host grads buffer
   std::uint64_t steps = 0;      // steps applied to this param (t of its bias correction)
   bool active = true;           // it has a grad this step (else the step leaves it alone)
 
-  [[nodiscard]] float* master_p() const noexcept { return static_cast<float*>(master.data()); }
-  [[nodiscard]] float* moments_m() const noexcept { return static_cast<float*>(moments.data()); }
-  [[nodiscard]] float* moments_v() const noexcept { return moments_m() + desc.elements; }
+  [[nodiscard]] float* master_p() const noexcept { return master_at; }
+  [[nodiscard]] float* moments_m() const noexcept { return m_at; }
+  [[nodiscard]] float* moments_v() const noexcept { return v_at; }
+  /** The master weights' bytes (the param's own, when it is the master). */
+  [[nodiscard]] std::size_t master_bytes() const noexcept { return desc.elements * sizeof(float); }
 };
 
 struct group_state {

@@ -16,7 +16,9 @@ void upload_params(adam_core& core) {
     for (auto& p : g.params) {
       const std::size_t eb = dtype_bytes(p.desc.dtype);
       if (p.desc.param_on_host) {
-        store_params(core.kernel, p.master_p(), p.desc.param, p.desc.dtype, p.desc.elements);
+        if (!p.master_is_param) {
+          store_params(core.kernel, p.master_p(), p.desc.param, p.desc.dtype, p.desc.elements);
+        }
         continue;
       }
       if (p.desc.dtype == param_dtype::f32) {

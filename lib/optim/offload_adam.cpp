@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "optim/adam_streamed_step.hpp"
 #include "optim/offload_adam_impl.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/stagger.hpp"
 #include "tierflow/log.hpp"
 #include "tierflow/metrics.hpp"
 #include "tierflow/where.hpp"
@@ -119,7 +121,57 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) {
   detail::check_options(core.options, in);
 }
 
+namespace {
+
+// Bytes beyond an array of @p bytes for its stagger (none for a small one).
+std::size_t stagger_slack_for(std::size_t bytes) {
+  return bytes >= detail::stagger_min_bytes ? detail::stagger_slack : 0;
+}
+
+// Where an array of @p bytes starts in memory at @p base that has its stagger slack after it.
+float* staggered(void* base, std::size_t bytes, std::vector<std::uintptr_t>& apart) {
+  const std::size_t offset = stagger_slack_for(bytes) > 0 ? detail::stagger_offset(base, apart) : 0;
+  return reinterpret_cast<float*>(static_cast<unsigned char*>(base) + offset);
+}
+
+// The addresses a step streams beside chunk 0 of @p p's grads: its param and its state.
+std::vector<std::uintptr_t> streamed_with(const detail::param_state& p) {
+  return {reinterpret_cast<std::uintptr_t>(p.desc.param),
+          reinterpret_cast<std::uintptr_t>(p.master_p()),
+          reinterpret_cast<std::uintptr_t>(p.moments_m()),
+          reinterpret_cast<std::uintptr_t>(p.moments_v())};
+}
+
+// @p p's room in the host grads buffer, bytes (64-aligned; none when it has none).
+std::size_t grads_span(const detail::param_state& p) {
+  return p.grads_staged ? (p.desc.elements * dtype_bytes(p.desc.dtype) + 63) / 64 * 64 : 0;
+}
+
+}  // namespace
+
+void offload_adam::impl::check_grad(const detail::param_state& p, const void* grad) const {
+  if (grad != nullptr && !p.grads_staged && !in_host_memory(grad)) {
+    throw error("offload_adam: '" + p.desc.name +
+                "' is in host memory, so its grad must be host memory too (a CPU tensor's grad "
+                "is), read in place; this one is the device's");
+  }
+}
+
+bool offload_adam::impl::in_host_memory(const void* address) const {
+  return !core.dev.is_device_memory(address);
+}
+
 void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
+  // cpu mode for sure: asked for, or automatic with a param in host memory (choose_mode then
+  // picks it). Only then is an fp32 param in host memory its own master.
+  bool any_on_host = false;
+  for (const auto& g : in) {
+    for (const auto& d : g.params) {
+      any_on_host = any_on_host || d.param_on_host || in_host_memory(d.param);
+    }
+  }
+  const bool cpu_mode = core.options.mode == adam_mode::cpu ||
+                        (core.options.mode == adam_mode::automatic && any_on_host);
   std::size_t grad_bytes = 0;
   for (std::size_t gi = 0; gi < in.size(); ++gi) {
     detail::group_state g;
@@ -132,23 +184,55 @@ void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
       param_state p;
       p.desc = desc;
       p.active = desc.grad != nullptr;  // none yet: left alone until set_grad gives one
-      p.master = core.placement.allocate(data_class::master_params, desc.elements * sizeof(float));
-      p.moments =
-          core.placement.allocate(data_class::optimizer_state, 2 * desc.elements * sizeof(float));
+      const bool own_host = !desc.param_on_host && in_host_memory(desc.param);
+      p.master_is_param = cpu_mode && core.options.overlap == adam_overlap::none &&
+                          desc.dtype == param_dtype::f32 && (desc.param_on_host || own_host);
+      p.grads_staged = !(cpu_mode && core.options.overlap == adam_overlap::none && own_host);
+      check_grad(p, desc.grad);
+      p.grad_on_host = desc.grad != nullptr && in_host_memory(desc.grad);
+      const std::size_t bytes = desc.elements * sizeof(float);
+      const std::size_t span = bytes + stagger_slack_for(bytes);
+      std::vector<std::uintptr_t> apart{reinterpret_cast<std::uintptr_t>(desc.param)};
+      if (desc.grad != nullptr) {
+        apart.push_back(reinterpret_cast<std::uintptr_t>(desc.grad));
+      }
+      if (p.master_is_param) {
+        p.master_at = static_cast<float*>(desc.param);
+      } else {
+        p.master = core.placement.allocate(data_class::master_params, span);
+        p.master_at = staggered(p.master.data(), bytes, apart);
+      }
+      p.moments = core.placement.allocate(data_class::optimizer_state, 2 * span);
       std::memset(p.moments.data(), 0, p.moments.size());
-      p.grad_offset = grad_bytes;
-      grad_bytes += (desc.elements * dtype_bytes(desc.dtype) + 63) / 64 * 64;
+      auto* moments = static_cast<unsigned char*>(p.moments.data());
+      p.m_at = staggered(moments, bytes, apart);
+      p.v_at = staggered(moments + span, bytes, apart);
+      const std::size_t grad_span = grads_span(p);
+      grad_bytes += grad_span + stagger_slack_for(grad_span);
       core.total_elements += desc.elements;
       core.totals.state_bytes += p.master.size() + p.moments.size();
       g.params.push_back(std::move(p));
     }
     core.groups.push_back(std::move(g));
   }
-  core.grads_host = core.placement.allocate(data_class::grads, grad_bytes);
-  core.register_host(core.grads_host.data(), core.grads_host.size());
+  if (grad_bytes > 0) {  // none when every grad is read in place
+    core.grads_host = core.placement.allocate(data_class::grads, grad_bytes);
+    core.register_host(core.grads_host.data(), core.grads_host.size());
+  }
+  auto* grads = static_cast<unsigned char*>(core.grads_host.data());
+  std::size_t cursor = 0;
   for (auto& g : core.groups) {
     for (auto& p : g.params) {
-      core.register_host(p.master.data(), p.master.size());
+      const std::size_t grad_span = grads_span(p);
+      std::vector<std::uintptr_t> apart = streamed_with(p);
+      if (grad_span > 0) {
+        auto* at = reinterpret_cast<unsigned char*>(staggered(grads + cursor, grad_span, apart));
+        p.grad_offset = cursor + static_cast<std::size_t>(at - (grads + cursor));
+      }
+      cursor += grad_span + stagger_slack_for(grad_span);
+      if (!p.master_is_param) {
+        core.register_host(p.master.data(), p.master.size());
+      }
       core.register_host(p.moments.data(), p.moments.size());
     }
   }
@@ -173,6 +257,7 @@ void offload_adam::impl::make_chunks() {
     }
   }
   core.partial.assign(core.chunks.size(), 0.0);
+  core.grads_in_place.assign(core.chunks.size(), 0);
   core.totals.chunks = core.chunks.size();
   core.totals.params = core.total_elements;
 }
@@ -199,8 +284,10 @@ void offload_adam::impl::read_params(const detail::param_state& p) {
       throw;
     }
   }
-  detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host, p.desc.dtype, p.master_p(),
-                      p.desc.elements);
+  if (!p.master_is_param) {
+    detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host, p.desc.dtype, p.master_p(),
+                        p.desc.elements);
+  }
 }
 
 void offload_adam::impl::read_initial_params() {
@@ -220,8 +307,10 @@ void offload_adam::impl::read_initial_params() {
   d2h.synchronize();
   for (auto& g : core.groups) {
     for (auto& p : g.params) {
-      detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host + p.grad_offset, p.desc.dtype,
-                          p.master_p(), p.desc.elements);
+      if (!p.master_is_param) {
+        detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host + p.grad_offset,
+                            p.desc.dtype, p.master_p(), p.desc.elements);
+      }
     }
   }
 }
@@ -236,6 +325,14 @@ offload_adam::offload_adam(device& dev, std::vector<adam_group> groups, adam_opt
   s.allocate_state(groups);
   s.make_chunks();
   detail::choose_mode(core);
+  if (core.mode == adam_mode::cpu) {
+    // A param in host memory (a CPU tensor) is updated where it is, as a tier copy is.
+    for (auto& g : core.groups) {
+      for (auto& p : g.params) {
+        p.desc.param_on_host = p.desc.param_on_host || s.in_host_memory(p.desc.param);
+      }
+    }
+  }
   for (std::size_t i = 0; i < core.chunks.size(); ++i) {
     core.chunk_events.push_back(dev.create_event());
   }
@@ -367,9 +464,11 @@ void offload_adam::impl::set_grad(std::size_t group, std::size_t param, const vo
     throw error("offload_adam::set_grad: '" + p.desc.name +
                 "' was announced by grad_ready() for this step; its grad cannot change now");
   }
+  check_grad(p, grad);
   p.active = grad != nullptr;
-  if (grad != nullptr) {
+  if (grad != nullptr && grad != p.desc.grad) {
     p.desc.grad = grad;
+    p.grad_on_host = in_host_memory(grad);
   }
 }
 
@@ -540,7 +639,9 @@ page_residency offload_adam::state_residency(data_class cls) const {
   for (const auto& g : impl_->core.groups) {
     for (const auto& p : g.params) {
       const tier_allocation& a = cls == data_class::master_params ? p.master : p.moments;
-      const page_residency r = where(a.data(), a.size());
+      const page_residency r = cls == data_class::master_params && p.master_is_param
+                                   ? where(p.master_p(), p.master_bytes())
+                                   : where(a.data(), a.size());
       total.page_bytes = r.page_bytes;
       total.total_pages += r.total_pages;
       total.untouched_pages += r.untouched_pages;

@@ -43,6 +43,10 @@ struct offload_adam::impl {
     }
   }
 
+  // @p address is host memory (not the device's): the CPU reads and writes it in place.
+  [[nodiscard]] bool in_host_memory(const void* address) const;
+  // Refuses a device @p grad for @p p when it has no room in the host grads buffer.
+  void check_grad(const detail::param_state& p, const void* grad) const;
   void validate(const std::vector<adam_group>& in);
   void allocate_state(std::vector<adam_group>& in);
   void make_chunks();

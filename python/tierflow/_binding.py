@@ -95,6 +95,9 @@ class _Binding:
         self._warn_idle_overlap(adam)
         self.close()
         self._adam, self._device, self._entries, self._groups = adam, device, entries, groups
+        # The C optimizer steps an fp32 CPU param where it is (it is its own master): its
+        # storage stays alive while the C optimizer may read it, even when .data is replaced.
+        self._storages = [_dtensor.local(p).detach() for _, p in entries]
         self._made_in = _devices.generation()
         self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
         self._copy_stream = None
@@ -270,6 +273,7 @@ class _Binding:
                 getattr(self, "_made_in", 0) == _devices.generation():
             _capi.lib.tf_adam_destroy(adam)  # waits for its copies: then the grads may go
         # (one made before os.fork is the parent's: its threads are not here to join)
+        self._storages = []
         if hasattr(self, "_keep"):
             self._keep.clear()
             self._released.clear()

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cli_runner.hpp"
 #include "test_support.hpp"
 #include "tierflow/detail/parse.hpp"
+#include "tierflow/detail/stagger.hpp"
 
 using nlohmann::json;
 using namespace tierflow::test::cli;
@@ -129,11 +131,26 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
       CHECK(tc.at("unit") == "ns");
       CHECK(tc.at("loads") == 20000);
       latency_pairs.insert({tc.at("initiator").get<int>(), tc.at("target").get<int>()});
-    } else if (name == "adam_bound" || name == "adam_cpu") {
+    } else if (name == "adam_bound" || name == "adam_cpu" || name == "adam_step" ||
+               name == "adam_step_clip") {
       ++adam;
       CHECK(tc.at("bytes") == 28 * tc.at("params").get<std::uint64_t>());
       CHECK_THAT(tc.at("mparams_per_s").get<double>(),
                  Catch::WithinRel(tc.at("median").get<double>() * 1000.0 / 28.0, 1e-9));
+      CHECK(tc.at("verified") == true);
+      // The arrays staggered: no two at equal addresses modulo the aliasing span.
+      std::vector<std::uintptr_t> at;
+      for (const char* a : {"p", "g", "m", "v"}) {
+        at.push_back(tc.at("layout").at(a).get<std::uintptr_t>() * 1024);
+      }
+      for (std::size_t i = 0; i < at.size(); ++i) {
+        for (std::size_t j = i + 1; j < at.size(); ++j) {
+          CHECK(tierflow::detail::alias_distance(at[i], at[j]) >= tierflow::detail::stagger_step);
+        }
+      }
+      if (name == "adam_step" || name == "adam_step_clip") {
+        CHECK(tc.at("bytes_d2h") == 0);  // the grads are read where they are
+      }
     } else {
       FAIL("a case --case node_,adam did not select: " << name);
     }
@@ -156,7 +173,7 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
     CHECK(cells[name].size() == expected);
   }
   CHECK(latency_pairs.size() == initiators.size() * nodes);
-  CHECK(adam == 2 * static_cast<int>(nodes));
+  CHECK(adam == 4 * static_cast<int>(nodes));
 
   // The kept values are what topology discovery now reports, with source "measured".
   const auto topo = run_cli({"topo", "--json"}, env);

@@ -43,6 +43,7 @@ PUBLIC = {
     "tierflow/log.hpp": "core", "tierflow/settings.hpp": "core",
     "tierflow/detail/enum_names.hpp": "core", "tierflow/detail/input_file.hpp": "core",
     "tierflow/detail/parse.hpp": "core", "tierflow/detail/stats.hpp": "core",
+    "tierflow/detail/stagger.hpp": "core",
     "tierflow/metrics.hpp": "metrics", "tierflow/exporters.hpp": "metrics",
     "tierflow/topology.hpp": "topology",
     "tierflow/memory_resource.hpp": "memory", "tierflow/numa_resource.hpp": "memory",

@@ -1,0 +1,306 @@
+// offload_adam over params and grads in host memory (CPU tensors, pinned buffers): cpu mode
+// reads the grads where they are, steps an fp32 param in place as its own master, and keeps
+// every array it streams apart modulo the aliasing span (issue 35).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "test_support.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/stagger.hpp"
+#include "tierflow/emulated_device.hpp"
+#include "tierflow/offload_adam.hpp"
+#include "tierflow/placement_policy.hpp"
+
+using namespace tierflow;
+
+namespace {
+
+std::unique_ptr<emulated_device> host_test_device() {
+  emulated_device_options o;
+  o.link = link_model::parse("h2d=40GB/s,d2h=40GB/s,latency=1us", "test");
+  o.copy_threads = 1;
+  o.hbm_bytes = std::uint64_t{256} << 20;
+  return emulated_device::create(o);
+}
+
+placement_policy test_placement(const topology& topo) {
+  placement_options o;
+  o.reserve_bytes = 0;
+  o.huge_pages = false;
+  return placement_policy(topo, o);
+}
+
+// One param in host memory with its grad, and the test's scalar reference of its state.
+struct host_param {
+  param_dtype dtype = param_dtype::f32;
+  std::vector<float> p32;           // fp32 param
+  std::vector<std::uint16_t> p16;   // bf16 param
+  std::vector<float> g;             // fp32 grads (f32 params)
+  std::vector<std::uint16_t> g16;   // bf16 grads
+  std::vector<float> master, m, v;  // the reference
+  std::uint64_t steps = 0;
+
+  host_param(param_dtype t, std::size_t n, std::mt19937_64& gen) : dtype(t) {
+    std::normal_distribution<float> d(0.f, 1.f);
+    master.resize(n);
+    for (auto& x : master) {
+      x = d(gen);
+    }
+    m.assign(n, 0.f);
+    v.assign(n, 0.f);
+    if (t == param_dtype::f32) {
+      p32 = master;
+      g.resize(n);
+    } else {
+      p16.resize(n);
+      detail::store_params(adam_kernel::scalar, master.data(), p16.data(), t, n);
+      detail::load_as_f32(p16.data(), t, master.data(), n);  // the master starts as the param
+      g16.resize(n);
+    }
+  }
+  [[nodiscard]] std::size_t size() const { return master.size(); }
+  [[nodiscard]] void* param() {
+    return dtype == param_dtype::f32 ? static_cast<void*>(p32.data()) : p16.data();
+  }
+  [[nodiscard]] const void* grad() const {
+    return dtype == param_dtype::f32 ? static_cast<const void*>(g.data()) : g16.data();
+  }
+  void draw_grads(std::mt19937_64& gen) {
+    std::normal_distribution<float> d(0.f, 0.1f);
+    std::vector<float> fresh(size());
+    for (auto& x : fresh) {
+      x = d(gen);
+    }
+    if (dtype == param_dtype::f32) {
+      g = fresh;
+    } else {
+      detail::store_params(adam_kernel::scalar, fresh.data(), g16.data(), dtype, size());
+    }
+  }
+  // The step the scalar reference takes (no clip, loss scale 1).
+  void reference_step(const adam_hyper& hyper) {
+    const auto s = detail::make_adam_scalars(hyper, ++steps, 1.0);
+    std::vector<float> gf(size());
+    detail::load_as_f32(grad(), dtype, gf.data(), size());
+    for (std::size_t i = 0; i < size(); ++i) {
+      detail::adam_reference(master[i], m[i], v[i], gf[i], s);
+    }
+  }
+  [[nodiscard]] std::vector<float> param_as_f32() const {
+    std::vector<float> out(size());
+    detail::load_as_f32(
+        dtype == param_dtype::f32 ? static_cast<const void*>(p32.data()) : p16.data(), dtype,
+        out.data(), size());
+    return out;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("stagger: arrays placed 256 MiB apart end up apart modulo the aliasing span",
+          "[adam][stagger]") {
+  auto gen = tierflow::test::rng(3501);
+  // Bases exactly alias_span apart (as consecutive 256 MiB mmaps land), at a random start.
+  const std::uintptr_t start = (gen() % (std::uintptr_t{1} << 40)) / 4096 * 4096;
+  std::vector<std::uintptr_t> apart;
+  std::vector<std::uintptr_t> placed;
+  for (int k = 0; k < 8; ++k) {
+    const std::uintptr_t base = start + static_cast<std::uintptr_t>(k) * detail::alias_span;
+    const std::size_t off = detail::stagger_offset(reinterpret_cast<const void*>(base), apart);
+    CHECK(off % detail::stagger_step == 0);
+    CHECK(off < detail::stagger_slack);
+    placed.push_back(base + off);
+  }
+  REQUIRE(apart == placed);
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    for (std::size_t j = i + 1; j < placed.size(); ++j) {
+      CHECK(detail::alias_distance(placed[i], placed[j]) >= detail::stagger_step);
+    }
+  }
+  // Already apart: nothing moves.
+  std::vector<std::uintptr_t> far{start};
+  CHECK(detail::stagger_offset(reinterpret_cast<const void*>(start + detail::alias_span / 2),
+                               far) == 0);
+  CHECK(detail::alias_distance(start, start + detail::alias_span + 4096) == 4096);
+  CHECK(detail::alias_distance(start + 4096, start + detail::alias_span) == 4096);
+}
+
+TEST_CASE("cpu mode reads host grads in place and steps an fp32 host param as its own master",
+          "[adam]") {
+  auto gen = tierflow::test::rng(3502);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  auto dev = host_test_device();
+  // One param above the stagger threshold, small ones, and a bf16 one (its own master).
+  std::vector<host_param> params;
+  params.emplace_back(
+      param_dtype::f32,
+      detail::stagger_min_bytes / 4 + std::uniform_int_distribution<std::size_t>(1, 40000)(gen),
+      gen);
+  params.emplace_back(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 3000)(gen),
+                      gen);
+  params.emplace_back(param_dtype::bf16, std::uniform_int_distribution<std::size_t>(1, 3000)(gen),
+                      gen);
+  adam_hyper hyper;
+  hyper.lr = 1e-2;
+  hyper.weight_decay = 0.05;
+  adam_group group;
+  group.hyper = hyper;
+  std::size_t f32_elements = 0, bf16_elements = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    params[i].draw_grads(gen);
+    adam_param a;
+    a.name = "p" + std::to_string(i);
+    a.param = params[i].param();
+    a.grad = params[i].grad();
+    a.dtype = params[i].dtype;
+    a.elements = params[i].size();
+    group.params.push_back(a);
+    (params[i].dtype == param_dtype::f32 ? f32_elements : bf16_elements) += params[i].size();
+  }
+  adam_options o;
+  o.mode = adam_mode::automatic;  // picks cpu: the params are host memory
+  o.threads = static_cast<unsigned>(std::uniform_int_distribution<int>(1, 3)(gen));
+  o.chunk_elements = std::uniform_int_distribution<std::size_t>(256, 65536)(gen);
+  offload_adam opt(*dev, {group}, o, policy);
+  REQUIRE(opt.mode() == adam_mode::cpu);
+  for (int step = 0; step < 4; ++step) {
+    for (auto& p : params) {
+      p.draw_grads(gen);
+      p.reference_step(hyper);
+    }
+    const auto r = opt.step();
+    REQUIRE(r.applied);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      INFO("param " << i << " (" << params[i].size() << " elements), step " << step);
+      CHECK(same_bits(opt.master_weights(0, i), params[i].master));
+      CHECK(same_bits(opt.exp_avg(0, i), params[i].m));
+      CHECK(same_bits(opt.exp_avg_sq(0, i), params[i].v));
+      std::vector<float> expect = params[i].master;
+      if (params[i].dtype != param_dtype::f32) {
+        std::vector<std::uint16_t> narrow(expect.size());
+        detail::store_params(adam_kernel::scalar, expect.data(), narrow.data(), params[i].dtype,
+                             narrow.size());
+        detail::load_as_f32(narrow.data(), params[i].dtype, expect.data(), expect.size());
+      }
+      CHECK(same_bits(params[i].param_as_f32(), expect));
+    }
+  }
+  const adam_metrics m = opt.metrics();
+  CHECK(m.bytes_d2h == 0);  // the grads were read where they are
+  CHECK(m.bytes_h2d == 0);  // and the params written there
+  // fp32: m and v only (8 B); bf16: the master too (12 B); plus the big param's stagger slack.
+  const std::uint64_t exact = 8 * f32_elements + 12 * bf16_elements;
+  CHECK(m.state_bytes >= exact);
+  CHECK(m.state_bytes <= exact + 2 * detail::stagger_slack);
+  // Written in place, the param is the master: a write to it is what the next step starts from.
+  params[1].p32[0] = 3.5f;
+  CHECK(opt.master_weights(0, 1)[0] == 3.5f);
+}
+
+TEST_CASE("a non-finite grad read in place leaves every byte of params and state as before",
+          "[adam]") {
+  auto gen = tierflow::test::rng(3503);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  for (const double clip : {0.0, 1.0}) {
+    auto dev = host_test_device();
+    std::vector<host_param> params;
+    for (int i = 0; i < 3; ++i) {
+      params.emplace_back(i == 2 ? param_dtype::bf16 : param_dtype::f32,
+                          std::uniform_int_distribution<std::size_t>(1, 50000)(gen), gen);
+    }
+    adam_group group;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      adam_param a;
+      a.name = "w" + std::to_string(i);
+      a.param = params[i].param();
+      a.grad = params[i].grad();
+      a.dtype = params[i].dtype;
+      a.elements = params[i].size();
+      group.params.push_back(a);
+    }
+    adam_options o;
+    o.mode = adam_mode::cpu;
+    o.max_grad_norm = clip;
+    o.chunk_elements = std::uniform_int_distribution<std::size_t>(64, 8192)(gen);
+    offload_adam opt(*dev, {group}, o, policy);
+    for (int step = 0; step < 2; ++step) {
+      for (auto& p : params) {
+        p.draw_grads(gen);
+      }
+      REQUIRE(opt.step().applied);
+    }
+    for (auto& p : params) {
+      p.draw_grads(gen);
+    }
+    const std::size_t bad = std::uniform_int_distribution<std::size_t>(0, 2)(gen);
+    const std::size_t at =
+        std::uniform_int_distribution<std::size_t>(0, params[bad].size() - 1)(gen);
+    const float poison = gen() % 2 == 0 ? std::numeric_limits<float>::infinity()
+                                        : std::numeric_limits<float>::quiet_NaN();
+    if (params[bad].dtype == param_dtype::f32) {
+      params[bad].g[at] = poison;
+    } else {
+      detail::store_params(adam_kernel::scalar, &poison, &params[bad].g16[at], param_dtype::bf16,
+                           1);
+    }
+    std::vector<std::vector<float>> before[4];
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      before[0].push_back(params[i].param_as_f32());
+      before[1].push_back(opt.master_weights(0, i));
+      before[2].push_back(opt.exp_avg(0, i));
+      before[3].push_back(opt.exp_avg_sq(0, i));
+    }
+    const auto r = opt.step();
+    INFO("clip " << clip << ", poison in w" << bad << "[" << at << "]");
+    CHECK_FALSE(r.applied);
+    CHECK_THAT(r.skip_reason, Catch::Contains("'w" + std::to_string(bad) + "'") &&
+                                  Catch::Contains("element " + std::to_string(at)));
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      CHECK(same_bits(params[i].param_as_f32(), before[0][i]));
+      CHECK(same_bits(opt.master_weights(0, i), before[1][i]));
+      CHECK(same_bits(opt.exp_avg(0, i), before[2][i]));
+      CHECK(same_bits(opt.exp_avg_sq(0, i), before[3][i]));
+      CHECK(opt.step_count(0, i) == 2);
+    }
+  }
+}
+
+TEST_CASE("a device grad for a param in host memory is refused, naming the param", "[adam]") {
+  auto gen = tierflow::test::rng(3504);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  auto dev = host_test_device();
+  host_param hp(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  hp.draw_grads(gen);
+  adam_group group;
+  adam_param a;
+  a.name = "host_w";
+  a.param = hp.param();
+  a.grad = hp.grad();
+  a.elements = hp.size();
+  group.params.push_back(a);
+  adam_options o;
+  o.mode = adam_mode::cpu;
+  offload_adam opt(*dev, {group}, o, policy);
+  REQUIRE(opt.step().applied);
+  const auto state = opt.exp_avg(0, 0);
+  auto on_device = dev->memory().allocate(hp.size() * sizeof(float));
+  CHECK_THROWS_WITH(opt.set_grad(0, 0, on_device),
+                    Catch::Contains("'host_w'") && Catch::Contains("host memory"));
+  CHECK(same_bits(opt.exp_avg(0, 0), state));
+  REQUIRE(opt.step().applied);  // its own grad still
+  dev->memory().deallocate(on_device, hp.size() * sizeof(float));
+}
