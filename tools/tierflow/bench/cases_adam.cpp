@@ -199,6 +199,11 @@ struct step_measure final : adam_measure {
     tc["api"] = "offload_adam::step, cpu mode, p and g in host memory";
     tc["bytes_d2h"] = m.bytes_d2h;
     tc["state_bytes"] = m.state_bytes;
+    // Where a step's time goes (means over every step, the warm-up's included): the grads'
+    // pass (norm, finiteness) and the update's.
+    const double taken = static_cast<double>(m.steps > 0 ? m.steps : 1);
+    tc["grads_pass_seconds"] = m.grad_seconds / taken;
+    tc["update_pass_seconds"] = m.update_seconds / taken;
   }
 
   // The state on the target node's tier.
