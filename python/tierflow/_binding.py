@@ -4,6 +4,7 @@ its hyper-parameters and the params' outside writes pushed before each step."""
 from __future__ import annotations
 
 import ctypes
+import math
 import warnings
 from collections import defaultdict
 
@@ -24,6 +25,10 @@ class _HeldState(defaultdict):
 
     def __bool__(self):
         return self.held or len(self) > 0
+
+
+class ParamResizedError(ValueError):
+    """A stepped param's ``.data`` changed size: its state no longer fits it."""
 
 
 class _Binding:
@@ -78,8 +83,9 @@ class _Binding:
         carried = {}
         homes = {pid: home for _, pid, home, _ in (self._layout_key or ())}
         if self._adam is not None:
+            self._refuse_resized()
             carried = {id(p): _state.read(self._adam, i, p) for i, (_, p) in
-                       enumerate(self._entries)}
+                       enumerate(self._entries) if not self._resized(i)}
         self._check_sharded()
         groups = [gi for gi, g in enumerate(self.param_groups)
                   if any(_holds_elements(p) for p in g["params"])]
@@ -98,6 +104,7 @@ class _Binding:
         # The C optimizer steps an fp32 CPU param where it is (it is its own master): its
         # storage stays alive while the C optimizer may read it, even when .data is replaced.
         self._storages = [_dtensor.local(p).detach() for _, p in entries]
+        self._shapes = [tuple(_dtensor.local(p).shape) for _, p in entries]
         self._made_in = _devices.generation()
         self._entry_of = {id(p): i for i, (_, p) in enumerate(entries)}
         self._copy_stream = None
@@ -114,6 +121,38 @@ class _Binding:
                     _state.write(adam, i, p, state)
         self._layout_key = key
         self._record_versions()
+
+    def _resized(self, i: int) -> bool:
+        """Entry ``i``'s param holds another number of elements than when the C optimizer
+        took it (its ``.data`` was replaced by a tensor of another size)."""
+        return _dtensor.local(self._entries[i][1]).numel() != math.prod(self._shapes[i])
+
+    def _refuse_resized(self) -> None:
+        """@raises ParamResizedError naming the first stepped param whose size changed (the
+        C optimizer and its state stay as they were: state_dict() still saves them)."""
+        for i, (_, p) in enumerate(self._entries):
+            if not self._resized(i):
+                continue
+            old = math.prod(self._shapes[i])
+            state = _state.read(self._adam, i, p, elements=old)
+            if state.step > 0:
+                raise ParamResizedError(
+                    f"{self._label_of(p)}: its .data changed size after {state.step} steps "
+                    f"({tuple(self._shapes[i])} when the optimizer took it, "
+                    f"{tuple(_dtensor.local(p).shape)} now), so its exp_avg and exp_avg_sq no "
+                    "longer fit it (torch.optim.AdamW fails the same way): put back a tensor "
+                    "of its shape, or make a new optimizer for the new shape; state_dict() "
+                    "still saves the state as it was")
+
+    def _stale_state(self) -> defaultdict:
+        """The state as the C optimizer holds it, shaped as its params were when it took
+        them (for state_dict() after a param was resized)."""
+        exported = defaultdict(dict)
+        for i, (_, p) in enumerate(self._entries):
+            state = _state.read(self._adam, i, p, elements=math.prod(self._shapes[i]))
+            if state.step > 0:
+                exported[p] = state.to_torch(p, shape=self._shapes[i])
+        return exported
 
     def _warn_idle_overlap(self, adam) -> None:
         """mode='auto' chose streamed mode, where an overlap does nothing: said once."""

@@ -27,33 +27,35 @@ class ParamState:
     exp_avg_sq: torch.Tensor
     master: Optional[torch.Tensor] = None
 
-    def to_torch(self, param: torch.Tensor) -> dict:
-        """torch's layout: shaped like the param (a DTensor like it for a DTensor param),
+    def to_torch(self, param: torch.Tensor, shape: Optional[tuple] = None) -> dict:
+        """torch's layout: shaped like the param (a DTensor like it for a DTensor param), or
+        ``shape`` (the param's shape when its state was made, if it changed since),
         ``step`` a float32 scalar tensor."""
         out = {
             "step": torch.tensor(float(self.step)),
-            "exp_avg": _shaped(self.exp_avg, param),
-            "exp_avg_sq": _shaped(self.exp_avg_sq, param),
+            "exp_avg": _shaped(self.exp_avg, param, shape),
+            "exp_avg_sq": _shaped(self.exp_avg_sq, param, shape),
         }
         if self.master is not None:
-            out["master"] = _shaped(self.master, param)
+            out["master"] = _shaped(self.master, param, shape)
         return out
 
 
-def _shaped(flat: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+def _shaped(flat: torch.Tensor, param: torch.Tensor, shape: Optional[tuple]) -> torch.Tensor:
     if _dtensor.is_dtensor(param):
         return _dtensor.like(param, flat)
-    return flat.view(param.shape)
+    return flat.view(param.shape if shape is None else shape)
 
 
 def _address(tensor: Optional[torch.Tensor]):
     return _capi.floats(tensor.data_ptr()) if tensor is not None else None
 
 
-def read(adam, index: int, param: torch.Tensor) -> ParamState:
-    """Param ``index``'s state from the C optimizer (the master only for bf16/fp16)."""
+def read(adam, index: int, param: torch.Tensor, elements: Optional[int] = None) -> ParamState:
+    """Param ``index``'s state from the C optimizer (the master only for bf16/fp16), of
+    ``elements`` (default: the param's count now)."""
     param = _dtensor.local(param)
-    n = param.numel()
+    n = param.numel() if elements is None else elements
     exp_avg = torch.empty(n, dtype=torch.float32)
     exp_avg_sq = torch.empty(n, dtype=torch.float32)
     master = torch.empty(n, dtype=torch.float32) if param.dtype != torch.float32 else None

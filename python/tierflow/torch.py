@@ -23,12 +23,13 @@ import torch
 
 from tierflow import _capi, _devices, _state
 from tierflow._announce import _Announcing
-from tierflow._binding import _Binding
+from tierflow._binding import ParamResizedError, _Binding
 from tierflow._checks import _MemoryIndex, _check_group, _check_param, _holds_elements, _label, \
     _torch_defaults, make_options
 from tierflow._params import OffloadedParameters, offload_parameters
 
-__all__ = ["OffloadAdam", "OffloadAdamW", "OffloadedParameters", "offload_parameters"]
+__all__ = ["OffloadAdam", "OffloadAdamW", "OffloadedParameters", "ParamResizedError",
+           "offload_parameters"]
 
 _stream = _devices.native_stream
 
@@ -101,7 +102,10 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         16-bit params), keyed by the param."""
         exported = defaultdict(dict)
         if self._adam is not None or any(self.state.values()):
-            self._ensure_built()
+            try:
+                self._ensure_built()
+            except ParamResizedError:
+                return self._stale_state()  # as torch's state_dict keeps a stale state
             self._absorb_outside_state()
             for i, (_, p) in enumerate(self._entries):
                 state = _state.read(self._adam, i, p)
