@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import math
 import warnings
+import weakref
 from collections import defaultdict
 
 import torch
@@ -19,12 +20,29 @@ class _HeldState(defaultdict):
     """``opt.state``: empty (the state lives in the C library) but true once the C optimizer
     holds a stepped state, as a torch optimizer's state is then. torch.distributed.checkpoint's
     get/set_optimizer_state_dict run one step with zero grads on an optimizer whose ``state``
-    is false (to create its state), which would advance this one's moments and step count."""
+    is false (to create its state), which would advance this one's moments and step count.
+
+    ``opt.state[p]`` for a stepped param reads its state from the C optimizer in torch's
+    layout (``step``, ``exp_avg``, ``exp_avg_sq``, and ``master`` for a 16-bit param), as
+    logging code reads a torch optimizer's. The dict read stays here until the next step,
+    which first writes it back: an in-place edit of it (``opt.state[p]["exp_avg"].mul_(0.5)``)
+    is what that step starts from, as with torch's optimizers. It is a copy: read it again
+    after a step for the new values."""
 
     held = False
+    owner = None  # weakref to the optimizer
 
     def __bool__(self):
         return self.held or len(self) > 0
+
+    def __getitem__(self, key):
+        owner = self.owner() if self.owner is not None else None
+        if owner is not None and isinstance(key, torch.Tensor) and not self.get(key):
+            read = owner._state_of(key)
+            if read:
+                self[key] = read
+                return read
+        return super().__getitem__(key)
 
 
 class ParamResizedError(ValueError):
@@ -195,6 +213,17 @@ class _Binding:
         if not isinstance(self.state, _HeldState):
             self.state = _HeldState(dict, self.state)
         self.state.held = True
+        self.state.owner = weakref.ref(self)
+
+    def _state_of(self, p) -> dict:
+        """``p``'s state in torch's layout from the C optimizer; {} when it has none (not
+        stepped, not this optimizer's, or the C optimizer is not built)."""
+        i = self._entry_of.get(id(p)) if self._adam is not None else None
+        if i is None or self._entries[i][1] is not p or self._resized(i):
+            return {}
+        _devices.check_process(self._made_in, "this optimizer's C state")
+        state = _state.read(self._adam, i, p)
+        return state.to_torch(p) if state.step > 0 else {}
 
     def _built(self, what: str) -> None:
         """_ensure_built, for a call that needs the C optimizer. @raises ValueError on a rank
