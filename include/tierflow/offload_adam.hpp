@@ -109,7 +109,11 @@ struct adam_param {
   std::size_t elements = 0;  ///< > 0
   /** `param` is host memory (e.g. a cold parameter's tier copy that a prefetch_scheduler
    * streams in): the step writes the update there directly, with no H2D. cpu mode only; the
-   * grad is still a device pointer. */
+   * grad may be the device's (copied down) or host memory (read in place). cpu mode treats a
+   * param that is not the device's memory (device::is_device_memory) so too. An fp32 param in
+   * host memory stepped without an overlap is its own master (8 B of state per param): a
+   * write to it is what the next step starts from; any other param's outside write needs
+   * refresh_master(). */
   bool param_on_host = false;
   /** The index of a weight of the session that makes the optimizer (session::make_optimizer):
    * `param` is then that weight's tier copy and `param_on_host` true. An optimizer made
@@ -366,14 +370,27 @@ class offload_adam {
 
   /**
    * @brief The grad param @p param of group @p group has from the next step() on (frameworks
-   * reallocate grads between steps): a device pointer as adam_param::grad, or nullptr: the
+   * reallocate grads between steps): a pointer as adam_param::grad, or nullptr: the
    * param has no grad, and steps leave it alone (its master weights, moments, step count and
-   * device param), as torch.optim does for a param whose grad is None.
+   * device param), as torch.optim does for a param whose grad is None. In cpu mode a grad in
+   * host memory (not device::is_device_memory) is read where it is, with no copy; a param in
+   * the caller's host memory that is not `param_on_host` (a CPU tensor) stepped without an
+   * overlap has no room for a copy, so its grad must be host memory too.
    * @throws tierflow::error out of range, while a failed step is pending (it completes
    *         from the grads it started with), or for a param announced by grad_ready() this
    *         step when @p grad is another pointer
    */
   void set_grad(std::size_t group, std::size_t param, const void* grad);
+
+  /** @brief One param's grad for set_grads(). */
+  struct grad_binding {
+    std::size_t group = 0;
+    std::size_t param = 0;
+    const void* grad = nullptr;
+  };
+  /** @brief set_grad() for several params, all checked before any changes: a refusal leaves
+   *  every grad as it was. @throws tierflow::error as set_grad() */
+  void set_grads(const std::vector<grad_binding>& grads);
 
   /**
    * @brief Replaces a param's state, as a framework's load_state_dict does: @p master, @p

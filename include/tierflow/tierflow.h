@@ -85,8 +85,11 @@ typedef struct tf_adam_hyper {
 typedef struct tf_adam_param {
   const char* name; /* may be NULL: a name is made up */
   void* param;      /* device pointer */
-  const void* grad; /* device pointer, same dtype and count; NULL: none yet (grads come with
-                     * each tf_adam_step_on; tf_adam_step leaves the param alone) */
+  const void* grad; /* same dtype and count; NULL: none yet (grads come with each
+                     * tf_adam_step_on; tf_adam_step leaves the param alone). A device pointer,
+                     * or host memory, which TF_ADAM_CPU mode reads in place; a param in host
+                     * memory with param_on_host 0 (a CPU tensor) stepped without an overlap
+                     * needs a host grad (it is its own master if fp32: 8 B of state) */
   tf_dtype dtype;
   size_t elements;
   size_t group; /* index into the hyper array given to tf_adam_create */

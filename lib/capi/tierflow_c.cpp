@@ -422,10 +422,12 @@ tf_status tf_adam_step_on(tf_adam* adam, const void* const* grads, size_t count,
         throw tierflow::error("count is " + std::to_string(count) + ", but the optimizer has " +
                               std::to_string(adam->where.size()) + " params");
       }
+      // All checked before any is set: a refused grad leaves every grad as it was.
+      std::vector<tierflow::offload_adam::grad_binding> bindings(count);
       for (std::size_t k = 0; k < count; ++k) {
-        const auto [g, i] = adam->where[k];
-        adam->opt->set_grad(g, i, grads[k]);
+        bindings[k] = {adam->where[k].first, adam->where[k].second, grads[k]};
       }
+      adam->opt->set_grads(bindings);
     }
     tierflow::device& dev = *adam->dev;
     dev.stream_after_native(dev.compute_stream(), stream);

@@ -138,7 +138,11 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   //    done).
   try {
     if (any_in_place) {
-      await(*core_.compute_done, deadline, "the work that makes the grads");
+      try {
+        await(*core_.compute_done, deadline, "the work that makes the grads");
+      } catch (...) {
+        grads_failed(std::current_exception());  // as the step's error, the state untouched
+      }
     }
     sum_grads(deadline);
   } catch (...) {

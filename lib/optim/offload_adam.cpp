@@ -153,7 +153,8 @@ void offload_adam::impl::check_grad(const detail::param_state& p, const void* gr
   if (grad != nullptr && !p.grads_staged && !in_host_memory(grad)) {
     throw error("offload_adam: '" + p.desc.name +
                 "' is in host memory, so its grad must be host memory too (a CPU tensor's grad "
-                "is), read in place; this one is the device's");
+                "is), read in place; this one is the device's (mark the param param_on_host to "
+                "have its grads copied down)");
   }
 }
 
@@ -456,15 +457,20 @@ void offload_adam::impl::refuse_while_pending(const char* call) const {
   }
 }
 
-void offload_adam::impl::set_grad(std::size_t group, std::size_t param, const void* grad) {
-  core.param_at(group, param);
+void offload_adam::impl::check_set_grad(std::size_t group, std::size_t param,
+                                        const void* grad) const {
+  const detail::param_state& p = core.param_at(group, param);
   refuse_while_pending("set_grad");
-  detail::param_state& p = core.groups[group].params[param];
   if (speculation && speculation->announced(group, param) && grad != p.desc.grad) {
     throw error("offload_adam::set_grad: '" + p.desc.name +
                 "' was announced by grad_ready() for this step; its grad cannot change now");
   }
   check_grad(p, grad);
+}
+
+void offload_adam::impl::set_grad(std::size_t group, std::size_t param, const void* grad) {
+  check_set_grad(group, param, grad);
+  detail::param_state& p = core.groups[group].params[param];
   p.active = grad != nullptr;
   if (grad != nullptr && grad != p.desc.grad) {
     p.desc.grad = grad;
@@ -490,6 +496,16 @@ void offload_adam::impl::grad_ready(std::size_t group, std::size_t param) {
 void offload_adam::set_grad(std::size_t group, std::size_t param, const void* grad) {
   const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_grad");
   impl_->set_grad(group, param, grad);
+}
+
+void offload_adam::set_grads(const std::vector<grad_binding>& grads) {
+  const detail::call_gate::exclusive hold(impl_->gate, "offload_adam::set_grads");
+  for (const auto& b : grads) {
+    impl_->check_set_grad(b.group, b.param, b.grad);
+  }
+  for (const auto& b : grads) {
+    impl_->set_grad(b.group, b.param, b.grad);
+  }
 }
 
 void offload_adam::grad_ready(std::size_t group, std::size_t param) {

@@ -55,6 +55,8 @@ struct offload_adam::impl {
   // before)
   void read_params(const detail::param_state& p);
   void refuse_while_pending(const char* call) const;
+  // set_grad()'s checks, changing nothing. @throws tierflow::error
+  void check_set_grad(std::size_t group, std::size_t param, const void* grad) const;
   // The bodies of set_grad() and grad_ready(), for callers that hold the gate.
   void set_grad(std::size_t group, std::size_t param, const void* grad);
   void grad_ready(std::size_t group, std::size_t param);

@@ -16,6 +16,27 @@ from tierflow._checks import (_DTYPES, _OVERLAPS, _check_group, _check_param, _h
                               _home, _label)
 
 
+class _ReadState(dict):
+    """``opt.state[p]`` as read from the C optimizer, with each tensor's identity and version
+    when read: the next step writes back only what was changed since (an in-place edit, a
+    value replaced), so an unchanged read costs no copy and undoes nothing."""
+
+    def __init__(self, values: dict):
+        super().__init__(values)
+        self.marks = {k: (id(v), v._version) for k, v in values.items()
+                      if isinstance(v, torch.Tensor)}
+
+    def edited(self) -> set:
+        """The keys changed since the read (added, removed, replaced or written in place)."""
+        out = set()
+        for key in set(self) | set(self.marks):
+            value = self.get(key)
+            if key not in self.marks or not isinstance(value, torch.Tensor) or \
+                    (id(value), value._version) != self.marks[key]:
+                out.add(key)
+        return out
+
+
 class _HeldState(defaultdict):
     """``opt.state``: empty (the state lives in the C library) but true once the C optimizer
     holds a stepped state, as a torch optimizer's state is then. torch.distributed.checkpoint's
@@ -25,9 +46,10 @@ class _HeldState(defaultdict):
     ``opt.state[p]`` for a stepped param reads its state from the C optimizer in torch's
     layout (``step``, ``exp_avg``, ``exp_avg_sq``, and ``master`` for a 16-bit param), as
     logging code reads a torch optimizer's. The dict read stays here until the next step,
-    which first writes it back: an in-place edit of it (``opt.state[p]["exp_avg"].mul_(0.5)``)
-    is what that step starts from, as with torch's optimizers. It is a copy: read it again
-    after a step for the new values."""
+    which first writes back what was changed in it: an in-place edit
+    (``opt.state[p]["exp_avg"].mul_(0.5)``) is what that step starts from, as with torch's
+    optimizers; an unchanged read is dropped. It is a copy: read it again after a step for
+    the new values. load_state_dict() and load() drop the reads (they replace the state)."""
 
     held = False
     owner = None  # weakref to the optimizer
@@ -40,6 +62,7 @@ class _HeldState(defaultdict):
         if owner is not None and isinstance(key, torch.Tensor) and not self.get(key):
             read = owner._state_of(key)
             if read:
+                read = _ReadState(read)
                 self[key] = read
                 return read
         return super().__getitem__(key)
@@ -215,6 +238,11 @@ class _Binding:
         self.state.held = True
         self.state.owner = weakref.ref(self)
 
+    def _drop_reads(self) -> None:
+        """Forgets the ``opt.state[p]`` reads (before the state is replaced)."""
+        for p in [p for p, v in self.state.items() if isinstance(v, _ReadState)]:
+            del self.state[p]
+
     def _state_of(self, p) -> dict:
         """``p``'s state in torch's layout from the C optimizer; {} when it has none (not
         stepped, not this optimizer's, or the C optimizer is not built)."""
@@ -323,13 +351,25 @@ class _Binding:
         where = {id(p): (gi, index) for gi, index, p in self._flat()}
         entry = {id(p): i for i, (_, p) in enumerate(self._entries)}
         loaded = {}
+        edits = {}
         for p, value in self.state.items():
-            if value and id(p) in entry:
-                gi, index = where[id(p)]
+            if not value or id(p) not in entry:
+                continue
+            gi, index = where[id(p)]
+            if isinstance(value, _ReadState):
+                edited = value.edited()
+                if edited:  # an unchanged read is dropped: nothing to write
+                    edits[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)),
+                                           edited)
+            else:
                 loaded[entry[id(p)]] = (p, _state.from_torch(p, value, _label(p, index, gi)))
         for i, (p, state) in loaded.items():
             _state.write(self._adam, i, p, state)
             self._versions[i] = _dtensor.version(p)
+        for i, (p, state, edited) in edits.items():
+            # only what was edited: a master not edited stays the C optimizer's (a write to
+            # the param since is still seen by its version), and nothing else is undone
+            _state.write_parts(self._adam, i, p, state, edited)
         self.state.clear()
         if any(state.step > 0 for _, state in loaded.values()):
             self._mark_held()

@@ -78,6 +78,16 @@ def write(adam, index: int, param: torch.Tensor, state: Optional[ParamState]) ->
         _capi.call("tf_adam_refresh_master", adam, index)
 
 
+def write_parts(adam, index: int, param: torch.Tensor, state: ParamState, keys: set) -> None:
+    """Writes the parts of ``state`` named in ``keys`` (``exp_avg``, ``exp_avg_sq``,
+    ``master``; the step count always), leaving the others as the C optimizer holds them."""
+    n = _dtensor.local(param).numel()
+    _capi.call("tf_adam_set_state", adam, index,
+               _address(state.master if "master" in keys else None),
+               _address(state.exp_avg if "exp_avg" in keys else None),
+               _address(state.exp_avg_sq if "exp_avg_sq" in keys else None), n, state.step)
+
+
 def _flat_f32(value, name: str, param: torch.Tensor, label: str) -> torch.Tensor:
     """The state tensor ``value`` as flat fp32 on the CPU; for a DTensor param, ``value`` is a
     DTensor (its local tensor is taken) or a plain tensor of this rank's shard."""

@@ -107,10 +107,20 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
             except ParamResizedError:
                 return self._stale_state()  # as torch's state_dict keeps a stale state
             self._absorb_outside_state()
+            steps = []
             for i, (_, p) in enumerate(self._entries):
                 state = _state.read(self._adam, i, p)
                 if state.step > 0:
                     exported[p] = state.to_torch(p)
+                    steps.append(state.step)
+            # A param this rank holds no element of (an empty FSDP2 shard) has torch's entry
+            # too: its step and empty moments (torch.distributed.checkpoint >= 2.x refuses a
+            # param that requires grad and has no state).
+            if steps:
+                empty = torch.empty(0, dtype=torch.float32)
+                for _, _, p in self._flat():
+                    if not _holds_elements(p):
+                        exported[p] = _state.ParamState(max(steps), empty, empty).to_torch(p)
         return exported
 
     def add_param_group(self, param_group: dict) -> None:
@@ -243,6 +253,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
                                                                    where[id(p)][0]))
         self.param_groups = new_groups
         self._ensure_built()
+        self._drop_reads()  # the state is replaced: an opt.state[p] read before is not written
         for i, (_, p) in enumerate(self._entries):
             _state.write(self._adam, i, p, loaded.get(id(p)))
         self._record_versions()
@@ -262,6 +273,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         of param_groups (restore an lr scheduler's own state_dict beside it)."""
         self._built("load()")
         _capi.call("tf_adam_load", self._adam, os.fsencode(path))
+        self._drop_reads()
         self._record_versions()
         self._mark_held()
 

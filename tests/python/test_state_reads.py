@@ -83,3 +83,62 @@ def test_an_in_place_edit_of_the_state_read_is_what_the_next_step_uses(seed, ove
     assert not torch.equal(opt_a.state[edited[0]]["exp_avg"], before)
     assert torch.equal(opt_a.state[edited[0]]["exp_avg"],
                        opt_a.state_dict()["state"][0]["exp_avg"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_read_before_load_state_dict_or_load_does_not_undo_it(seed, dtype, tmp_path):
+    gen = torch.Generator().manual_seed(seed)
+    params = _params(gen, dtype)
+    opt = OffloadAdamW(params, lr=1e-2, mode="cpu")
+    grads = [[torch.randn(p.shape, generator=gen).to(dtype) for p in params] for _ in range(3)]
+    _step(params, opt, grads[0])
+    sd = opt.state_dict()
+    sd = {"state": {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()},
+          "param_groups": sd["param_groups"]}
+    opt.save(tmp_path / "one.tfck")
+    for g in grads[1:]:
+        _step(params, opt, g)
+    _ = opt.state[params[0]]["exp_avg"].norm()  # a read (logging)
+    opt.load_state_dict(sd)
+    after = opt.state_dict()["state"]
+    for i in (0, 1):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(after[i][key], sd["state"][i][key]), (i, key)
+    _step(params, opt, grads[1])
+    _step(params, opt, grads[2])
+    _ = opt.state[params[1]]  # a read, then tierflow's own load
+    opt.load(tmp_path / "one.tfck")
+    assert opt.state_dict()["state"][1]["step"].item() == 1
+
+
+def test_an_unchanged_read_keeps_a_16_bit_params_outside_write(seed):
+    gen = torch.Generator().manual_seed(seed)
+    init = torch.randn(1000, generator=gen).bfloat16()
+    grads = [torch.randn(1000, generator=gen).bfloat16() for _ in range(2)]
+    runs = []
+    for read in (False, True):
+        p = nn.Parameter(init.clone())
+        opt = OffloadAdamW([p], lr=0.1, mode="cpu")
+        _step([p], opt, [grads[0]])
+        if read:
+            _ = opt.state[p]["exp_avg"].norm()  # logging reads the state, master included
+        with torch.no_grad():
+            p.fill_(5.0)  # then the model's weights are written (a load, an edit)
+        _step([p], opt, [grads[1]])
+        runs.append(p.detach().clone())
+    assert torch.equal(runs[0], runs[1])
+    assert float(runs[1].float().mean()) > 4.0  # stepped from 5.0, not from the old master
+
+
+def test_reading_the_state_every_step_keeps_the_overlap(seed):
+    gen = torch.Generator().manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    opt = OffloadAdamW(model.parameters(), lr=1e-3, mode="cpu", overlap="backward")
+    for _ in range(4):
+        x = torch.randn(8, 16, generator=gen)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        _ = [opt.state[p]["exp_avg"].abs().max() for p in model.parameters()]
+    adam = opt.metrics()["adam"]
+    assert adam["rollbacks"] == 0 and adam["speculative_steps"] >= 3, adam

@@ -304,3 +304,75 @@ TEST_CASE("a device grad for a param in host memory is refused, naming the param
   REQUIRE(opt.step().applied);  // its own grad still
   dev->memory().deallocate(on_device, hp.size() * sizeof(float));
 }
+
+TEST_CASE("a timeout waiting for grads read in place is the step's error, the state untouched",
+          "[adam]") {
+  auto gen = tierflow::test::rng(3505);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  auto dev = host_test_device();
+  host_param hp(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  hp.draw_grads(gen);
+  adam_group group;
+  adam_param a;
+  a.name = "late";
+  a.param = hp.param();
+  a.grad = hp.grad();
+  a.elements = hp.size();
+  group.params.push_back(a);
+  adam_options o;
+  o.mode = adam_mode::cpu;
+  o.device_timeout_s = 0.05;
+  offload_adam opt(*dev, {group}, o, policy);
+  REQUIRE(opt.step().applied);
+  const auto p_before = hp.param_as_f32();
+  const auto m_before = opt.exp_avg(0, 0);
+  // The work that makes the grads (the compute stream) outlasts the step's deadline.
+  dev->delay_stream(dev->compute_stream(), std::chrono::milliseconds(400));
+  try {
+    (void)opt.step();
+    FAIL("the step did not time out");
+  } catch (const adam_step_error& e) {
+    CHECK_FALSE(e.applied());
+    CHECK_THAT(e.what(), Catch::Contains("timed out") && Catch::Contains("not applied"));
+  }
+  dev->synchronize();
+  CHECK(same_bits(hp.param_as_f32(), p_before));
+  CHECK(same_bits(opt.exp_avg(0, 0), m_before));
+  CHECK(opt.step_count(0, 0) == 1);
+  REQUIRE(opt.step().applied);  // once the work is done, the step runs
+  CHECK(opt.step_count(0, 0) == 2);
+}
+
+TEST_CASE("set_grads checks every grad before setting any", "[adam]") {
+  auto gen = tierflow::test::rng(3506);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  auto dev = host_test_device();
+  std::vector<host_param> params;
+  for (int i = 0; i < 2; ++i) {
+    params.emplace_back(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen),
+                        gen);
+    params.back().draw_grads(gen);
+  }
+  adam_group group;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    adam_param a;
+    a.name = "w" + std::to_string(i);
+    a.param = params[i].param();
+    a.grad = params[i].grad();
+    a.elements = params[i].size();
+    group.params.push_back(a);
+  }
+  adam_options o;
+  o.mode = adam_mode::cpu;
+  offload_adam opt(*dev, {group}, o, policy);
+  // w0 gets a poisoned grad, w1 a device grad (refused): w0's must not be taken either.
+  std::vector<float> poisoned(params[0].size(), std::numeric_limits<float>::quiet_NaN());
+  auto* on_device = dev->memory().allocate(params[1].size() * sizeof(float));
+  CHECK_THROWS_WITH(opt.set_grads({{0, 0, poisoned.data()}, {0, 1, on_device}}),
+                    Catch::Contains("'w1'"));
+  const auto r = opt.step();
+  CHECK(r.applied);  // with the grads given at creation, finite
+  dev->memory().deallocate(on_device, params[1].size() * sizeof(float));
+}
