@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -49,10 +50,23 @@ std::string random_suffix() {
   return text;
 }
 
-// The writer PID of a temp file named `TARGET.tmp.PID.SUFFIX` (SUFFIX: 16 hex digits), or 0
+// The longest file name a folder takes (Linux, and every file system tierflow writes to).
+constexpr std::size_t max_name_bytes = NAME_MAX;
+// What a temp name adds to its stem: ".tmp.", a pid of at most 10 digits, "." and 16 hex digits.
+constexpr std::size_t temp_name_extra = 5 + 10 + 1 + 16;
+
+// The start of every temp name of @p target: `STEM.tmp.`, STEM the target's name cut so that
+// the temp name stays within NAME_MAX (a name of 230 to 255 bytes could not be saved when its
+// temp name took all of it). Two long names that agree in their first bytes share a stem; the
+// temp names still differ (pid, suffix, O_EXCL), and only dead writers' files are ever removed.
+std::string temp_prefix(const std::string& target) {
+  return target.substr(0, max_name_bytes - temp_name_extra) + ".tmp.";
+}
+
+// The writer PID of a temp file named `STEM.tmp.PID.SUFFIX` (SUFFIX: 16 hex digits), or 0
 // when @p name is not such a name for @p target.
 pid_t temp_writer(const std::string& name, const std::string& target) {
-  const std::string prefix = target + ".tmp.";
+  const std::string prefix = temp_prefix(target);
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) {
     return 0;
   }
@@ -91,8 +105,41 @@ void remove_stale_temps(const std::filesystem::path& path) noexcept {
   }
 }
 
+void durable_writer::check_target() const {
+  if (path_.empty()) {
+    throw input_error(what_, "empty path", "");
+  }
+  const std::string name = path_.filename().string();
+  if (name.empty()) {
+    throw input_error(path_.string(), "the " + what_ + " path names a folder (it ends in '/')",
+                      path_.string());
+  }
+  if (name.size() > max_name_bytes) {
+    throw input_error(path_.string(),
+                      "the file name is " + std::to_string(name.size()) +
+                          " bytes long, above the " + std::to_string(max_name_bytes) +
+                          " a file name may have",
+                      name);
+  }
+  // A folder that is not there is the caller's mistake, not the machine's refusal. A folder
+  // that cannot even be looked at (EACCES) is left to the open below: the environment.
+  const auto dir = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path(".");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int code = errno;
+    if (code == ENOENT || code == ENOTDIR) {
+      throw input_error(path_.string(), "the folder of the " + what_ + " does not exist",
+                        dir.string());
+    }
+  } else if (!S_ISDIR(st.st_mode)) {
+    throw input_error(path_.string(), "the folder of the " + what_ + " is not a folder",
+                      dir.string());
+  }
+}
+
 durable_writer::durable_writer(std::filesystem::path path, std::string what)
     : path_(std::move(path)), what_(std::move(what)) {
+  check_target();
   // rename() replaces whatever has the name: a device node (/dev/null), a FIFO, a socket.
   struct stat existing {};
   if (::stat(path_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
@@ -101,7 +148,9 @@ durable_writer::durable_writer(std::filesystem::path path, std::string what)
          0);
   }
   remove_stale_temps(path_);
-  const std::string prefix = path_.string() + ".tmp." + std::to_string(::getpid()) + ".";
+  const auto folder = path_.has_parent_path() ? path_.parent_path() : std::filesystem::path();
+  const std::string prefix =
+      (folder / temp_prefix(path_.filename().string())).string() + std::to_string(::getpid()) + ".";
   // A name already taken (a leftover of a crashed writer with the same pid) is retried with
   // a fresh suffix; anything else is the caller's problem (no directory, no permission).
   for (int attempt = 0; attempt < 8; ++attempt) {

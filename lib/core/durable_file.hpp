@@ -13,8 +13,9 @@
 namespace tierflow::detail {
 
 /**
- * @brief Removes `PATH.tmp.PID.SUFFIX` files (left by a durable_writer killed mid-write) whose
- * writer process no longer exists. Files of live processes, of this process, and names of any
+ * @brief Removes `NAME.tmp.PID.SUFFIX` files beside @p path (NAME: its file name, cut as
+ * durable_writer cuts it), left by a durable_writer killed mid-write, whose writer process no
+ * longer exists. Files of live processes, of this process, and names of any
  * other shape are left alone. Never throws; a file that cannot be removed stays.
  */
 void remove_stale_temps(const std::filesystem::path& path) noexcept;
@@ -22,13 +23,13 @@ void remove_stale_temps(const std::filesystem::path& path) noexcept;
 /**
  * @brief Writes a file that replaces @p path all at once, or not at all.
  *
- * The bytes go to `PATH.tmp.<pid>.<random>` in the same directory (so the rename cannot cross
- * filesystems); commit() fsyncs it, renames it over PATH and fsyncs the directory. A crash or
- * an exception before the rename leaves PATH as it was. What the system refuses (no room, no
- * permission, a read-only file system: any errno) is environment_error, with one line,
- * `WHAT PATH: PROBLEM: STRERROR (errno N)`, e.g.
- * `checkpoint /x/y.tfck: write failed: No space left on device (errno 28)`; a path that is
- * not a regular file is tierflow::error.
+ * The bytes go to `NAME.tmp.<pid>.<random>` in the same directory (so the rename cannot cross
+ * filesystems; NAME is the file name cut to its first 223 bytes, so that the temp name stays
+ * within the 255 bytes a name may have); commit() fsyncs it, renames it over PATH and fsyncs the
+ * directory. A crash or an exception before the rename leaves PATH as it was. What the system
+ * refuses (no room, no permission, a read-only file system: any errno) is environment_error, with
+ * one line, `WHAT PATH: PROBLEM: STRERROR (errno N)`, e.g. `checkpoint /x/y.tfck: write failed: No
+ * space left on device (errno 28)`; a path that is not a regular file is tierflow::error.
  *
  * After any failure the temp file is already gone and the writer refuses further use.
  *
@@ -42,8 +43,10 @@ class durable_writer {
    * @brief Creates the temp file beside @p path (mode 0644 before the umask).
    * @param path the file to replace (or create); its directory must exist
    * @param what what is being written, e.g. "checkpoint": the start of every error message
-   * @throws environment_error naming the path when the temp file cannot be created;
-   *         tierflow::error when the path exists and is not a regular file
+   * @throws input_error naming the path for an empty path, a file name over 255 bytes, or a
+   *         folder that does not exist (or is a file); environment_error naming the path when
+   *         the temp file cannot be created; tierflow::error when the path exists and is not a
+   *         regular file
    */
   durable_writer(std::filesystem::path path, std::string what);
 
@@ -74,6 +77,9 @@ class durable_writer {
   /** @brief Closes and removes the temp file, then throws environment_error for @p problem
    * when @p code (an errno) is not 0 or @p environment is set, else tierflow::error. */
   [[noreturn]] void fail(const std::string& problem, int code, bool environment = false);
+  /** @brief Throws input_error for a path no file can have: empty, a name too long, in a
+   * folder that is not there. */
+  void check_target() const;
   /** @brief Closes and removes the temp file if still there; never throws. */
   void discard() noexcept;
 

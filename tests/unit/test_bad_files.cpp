@@ -186,6 +186,64 @@ TEST_CASE("bad input: a later save removes the temp files of writers that are go
 }
 
 TEST_CASE(
+    "bad input: a save into a missing folder, to an empty path or to a name over 255 bytes is "
+    "TF_ERR_INPUT naming it, and names of 230 to 255 bytes save",
+    "[bad_input][files][capi]") {
+  auto gen = test::rng(0x34c9);
+  test::scratch_dir dir;
+  const std::size_t n = test::uniform(gen, 16, 300);
+  const auto values = test::nonzero_normals(n, 1.0f, gen);
+  const test::c_adam_one_param one(values, values);
+  tf_adam* adam = one.adam();
+  const auto refused = [&](const std::string& path, const std::string& problem,
+                           const std::string& named) {
+    INFO("path '" << path << "'");
+    CHECK(tf_adam_save(adam, path.c_str()) == TF_ERR_INPUT);
+    CHECK_THAT(tf_last_error(), Catch::StartsWith("tf_adam_save: ") && Catch::Contains(problem) &&
+                                    Catch::Contains(named));
+  };
+
+  // A folder that is not there, or a file where the folder should be: the caller's mistake.
+  const fs::path missing = dir.path() / "no" / "such";
+  refused((missing / "x.tfck").string(), "does not exist", "'" + missing.string() + "'");
+  test::write_file(dir.path() / "plain", "a file");
+  refused((dir.path() / "plain" / "x.tfck").string(), "is not a folder",
+          (dir.path() / "plain").string());
+  // An empty path (it was a rename failure).
+  refused("", "empty path", "checkpoint");
+
+  // Names of 230 to 255 bytes save and load (their temp name exceeded NAME_MAX); a dead
+  // writer's temp file of such a name is found and removed by the next save.
+  for (int round = 0; round < 4; ++round) {
+    const std::size_t length = round == 0 ? 255 : test::uniform(gen, 230, 255);
+    const std::string name(length, static_cast<char>('a' + round));
+    const fs::path target = dir.path() / name;
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(gen()));
+    const fs::path stale =
+        dir.path() / (name.substr(0, 223) + ".tmp." + std::to_string(dead_pid()) + "." + suffix);
+    test::write_file(stale, "partial");
+    INFO(length << " bytes");
+    CHECK(tf_adam_save(adam, target.c_str()) == TF_OK);
+    CHECK(tf_adam_load(adam, target.c_str()) == TF_OK);
+    CHECK_FALSE(fs::exists(stale));
+  }
+  // 256 bytes and more: refused at once, naming the length.
+  for (const std::size_t length : {std::size_t{256}, test::uniform(gen, 257, 4000)}) {
+    const fs::path target = dir.path() / std::string(length, 'z');
+    refused(target.string(), "file name is " + std::to_string(length) + " bytes long", "255");
+  }
+  // Nothing but the saved checkpoints (4 names) and the plain file is left: no temp file.
+  std::size_t entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);
+    ++entries;
+  }
+  CHECK(entries <= 5);
+  CHECK_FALSE(fs::exists(dir.path() / "no"));
+}
+
+TEST_CASE(
     "bad input: tf_adam_destroy after tf_device_destroy is safe, and overlapping params "
     "and a grad equal to its param are refused at creation",
     "[bad_input][capi][lifetime]") {

@@ -187,11 +187,19 @@ TEST_CASE("durable_writer errors name the file", "[checkpoint]") {
   const tierflow::test::scratch_dir dir;
 
   const auto nowhere = dir.path() / "no-such-dir" / "state.tfck";
-  // The system's refusal: environment_error with the errno (docs/errors.md).
-  CHECK_THROWS_AS(durable_writer(nowhere, "checkpoint"), tierflow::environment_error);
+  // A folder that is not there is bad input naming it, not the system's refusal.
+  CHECK_THROWS_AS(durable_writer(nowhere, "checkpoint"), tierflow::input_error);
   CHECK_THROWS_WITH(durable_writer(nowhere, "checkpoint"),
-                    Catch::StartsWith("checkpoint " + nowhere.string() + ": ") &&
-                        Catch::EndsWith(": No such file or directory (errno 2)"));
+                    Catch::StartsWith(nowhere.string() +
+                                      ": the folder of the checkpoint does "
+                                      "not exist: '" +
+                                      nowhere.parent_path().string() + "'"));
+  // The system's refusal: environment_error with the errno (docs/errors.md).
+  const auto in_sys = std::filesystem::path("/sys") / "tierflow-test-state.tfck";
+  CHECK_THROWS_AS(durable_writer(in_sys, "checkpoint"), tierflow::environment_error);
+  CHECK_THROWS_WITH(
+      durable_writer(in_sys, "checkpoint"),
+      Catch::StartsWith("checkpoint " + in_sys.string() + ": ") && Catch::Contains("(errno "));
 
   // A directory is refused at once (the rename would fail, or replace an empty one).
   const auto folder = dir.path() / "folder";
