@@ -1,13 +1,17 @@
 // `tierflow demo` as a user runs it: its files, the verify run, one-line errors.
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
+#include "demo/link_probe.hpp"
 #include "test_support.hpp"
 #include "tierflow/device.hpp"
 
@@ -176,4 +180,45 @@ TEST_CASE(
   check_environment_error(sys, "--out: cannot write the file '/sys/metrics.json'");
   CHECK_THAT(sys.err,
              Catch::Contains(std::strerror(EACCES)) || Catch::Contains(std::strerror(EROFS)));
+}
+
+TEST_CASE("demo: on the slowest link the config takes (1 MB/s) the link probe copies little",
+          "[cli][demo]") {
+  // As a user runs it: the probe copied 2 x 335 MiB at 1 MB/s (11 minutes); now about 2 MB.
+  tierflow::test::scratch_dir dir;
+  const auto r =
+      run_cli({"demo", "--steps", "1", "--layers", "1", "--width", "8", "--batch", "4", "--samples",
+               "4", "--device", "emulated", "--json", "--out", dir.path().string()},
+              "TIERFLOW_EMU_LINK=h2d=1MB/s,d2h=1MB/s");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = json::parse(r.out.substr(r.out.rfind("\n{") + 1));
+  const auto bytes = j["link"]["probe_bytes"].get<double>();
+  CHECK(bytes > 0);
+  CHECK(bytes <= 4.0 * 1048576);
+  CHECK(j["link"]["h2d_benchmarked_gbps"].get<double>() > 0);
+
+  // The plan itself: a fast link gets the full probe, a slow one a probe of about a second.
+  namespace demo = tierflow::cli::demo;
+  const auto full = demo::plan_probe(static_cast<double>(demo::probe_pilot_bytes) / 25e9);
+  CHECK(full.small == 64 * 1024);
+  CHECK(full.large == 8 * 1048576);
+  CHECK(full.batches * full.per_batch == 40);
+  CHECK(full.warm_up);
+  const auto slowest = demo::plan_probe(static_cast<double>(demo::probe_pilot_bytes) / 1e6);
+  CHECK(demo::plan_bytes(slowest) <= 1048576);
+  CHECK(slowest.large >= 32 * slowest.small);
+  const auto latency = demo::plan_probe(60.0);  // a 60 s latency: one copy of each size
+  CHECK(latency.batches * latency.per_batch == 1);
+  auto gen = tierflow::test::rng(0x349b);
+  for (int i = 0; i < 200; ++i) {
+    const double pilot = std::pow(10.0, std::uniform_real_distribution<double>(-7, 2)(gen));
+    const auto p = demo::plan_probe(pilot);
+    INFO("pilot " << pilot << " s");
+    const double seconds = static_cast<double>(demo::plan_bytes(p)) * pilot /
+                           static_cast<double>(demo::probe_pilot_bytes);
+    CHECK(seconds <= 1.1 * std::max(1.0, 2.0 * pilot));
+    CHECK(p.small >= 4096);
+    CHECK(p.large > p.small);
+  }
 }
