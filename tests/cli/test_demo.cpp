@@ -182,6 +182,32 @@ TEST_CASE(
              Catch::Contains(std::strerror(EACCES)) || Catch::Contains(std::strerror(EROFS)));
 }
 
+TEST_CASE("demo: --lr below the smallest normal float, --hbm-budget 1e-300 and an empty --out",
+          "[cli][demo][bad_input]") {
+  const std::vector<std::string> small = {"--steps", "1",       "--layers", "1",         "--width",
+                                          "64",      "--batch", "4",        "--samples", "4"};
+  const auto demo = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"demo"};
+    args.insert(args.end(), small.begin(), small.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_cli(args);
+  };
+  // A subnormal rate is 0 in Adam's float arithmetic: the range says where it starts (it said
+  // "from 0", which 1e-320 is in).
+  for (const char* lr : {"1e-320", "1e-39", "0", "1e-400"}) {
+    check_one_line_error(demo({"--lr", lr}),
+                         "--lr: must be a finite number from 1.17549e-38 to "
+                         "1e+06: '" +
+                             std::string(lr) + "'");
+  }
+  // The value as given (it was echoed as 0.000000).
+  const auto budget = demo({"--hbm-budget", "1e-300"});
+  check_one_line_error(budget, "--hbm-budget: below one layer's weights (0.015625 MiB): '1e-300'");
+  CHECK_THAT(budget.err, !Catch::Contains("0.000000"));
+  // '' is no folder: bad input (exit 2), not the machine's refusal (74).
+  check_one_line_error(demo({"--out", ""}), "--out: must not be empty");
+}
+
 TEST_CASE("demo: on the slowest link the config takes (1 MB/s) the link probe copies little",
           "[cli][demo]") {
   // As a user runs it: the probe copied 2 x 335 MiB at 1 MB/s (11 minutes); now about 2 MB.

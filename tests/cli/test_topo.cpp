@@ -222,3 +222,20 @@ TEST_CASE(
     CHECK_THAT(result.err, Catch::EndsWith(": '" + r.value + "'\n"));
   }
 }
+
+TEST_CASE("cli: an empty --tiers, --config, --placement, --emu-link or --out is exit code 2",
+          "[cli][bad_input]") {
+  // They were taken as "not given" (the environment or the defaults silently in force), and
+  // `demo --out ''` was the machine's refusal (exit 74).
+  const std::vector<std::pair<std::string, std::string>> flags = {
+      {"topo", "--tiers"}, {"topo", "--config"},    {"demo", "--placement"}, {"demo", "--emu-link"},
+      {"demo", "--out"},   {"tune", "--placement"}, {"tune", "--emu-link"}};
+  for (const auto& [command, flag] : flags) {
+    for (const char* value : {"", "  "}) {
+      INFO(command << " " << flag << " '" << value << "'");
+      const auto r = run_cli({command, flag, value});
+      check_one_line_error(r, flag + ": must not be empty (leave the flag out for ");
+      CHECK_THAT(r.err, Catch::EndsWith(": '" + std::string(value) + "'\n"));
+    }
+  }
+}

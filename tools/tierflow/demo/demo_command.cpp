@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -47,20 +48,20 @@ void check_demo_options(const demo_options& o) {
   (void)checked_adam_mode(o.adam_mode);
   (void)checked_adam_overlap(o.overlap);
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
-    throw input_error("--lr", "must be finite and > 0", std::to_string(o.lr));
+    throw input_error("--lr", "must be finite and > 0", flag_number_text(o.lr));
   }
   if (o.adam_chunk == 0) {
     throw input_error("--adam-chunk", "must be > 0 (elements per chunk)", "0");
   }
   if (!std::isfinite(o.hbm_budget_mib) || o.hbm_budget_mib < 0) {
     throw input_error("--hbm-budget", "must be finite and >= 0 (0: window + 2 layers)",
-                      std::to_string(o.hbm_budget_mib));
+                      flag_number_text(o.hbm_budget_mib));
   }
   if (const double layer_mib = static_cast<double>(o.width * o.width * sizeof(float)) / 1048576.0;
       o.hbm_budget_mib > 0 && o.hbm_budget_mib < layer_mib) {
     throw input_error("--hbm-budget",
-                      "below one layer's weights (" + std::to_string(layer_mib) + " MiB)",
-                      std::to_string(o.hbm_budget_mib));
+                      "below one layer's weights (" + flag_number_text(layer_mib) + " MiB)",
+                      flag_number_text(o.hbm_budget_mib));
   }
 }
 
@@ -350,15 +351,18 @@ action add_demo_command(CLI::App& app) {
                   "weights are written then, not in step()")
       ->capture_default_str();
   cmd->add_option("--placement", o->placement,
-                  "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)");
+                  "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)")
+      ->check(non_empty("TIERFLOW_PLACEMENT or the config file"));
   cmd->add_option("--emu-link", o->emu_link,
                   "Emulated link, e.g. 'h2d=25GB/s,d2h=25GB/s,latency=10us' (else "
-                  "TIERFLOW_EMU_LINK)");
+                  "TIERFLOW_EMU_LINK)")
+      ->check(non_empty("TIERFLOW_EMU_LINK or the config file"));
   cmd->add_option("--device", o->device,
                   "auto (CUDA device 0 when usable, else emulated), cuda, cuda:N or emulated")
       ->capture_default_str();
+  // Adam computes in float: a rate below the smallest normal float is 0 or a subnormal there.
   cmd->add_option("--lr", o->lr, "Adam learning rate")
-      ->check(number_in(0, 1e6))
+      ->check(number_in(std::numeric_limits<float>::min(), 1e6))
       ->capture_default_str();
   cmd->add_option("--adam-chunk", o->adam_chunk, "Elements per Adam chunk")
       ->check(count_in(1, max_count))
@@ -370,6 +374,7 @@ action add_demo_command(CLI::App& app) {
       ->check(count_in(0, max_count))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Directory for metrics.json, trace.json, metrics.prom")
+      ->check(non_empty("the default folder"))
       ->capture_default_str();
   cmd->add_flag("--verify", o->verify,
                 "Also train with everything resident in HBM and no offload; compare bit for bit");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common/flags.hpp"
 #include "common/format.hpp"
 #include "tierflow/detail/parse.hpp"
 #include "tierflow/error.hpp"
@@ -235,9 +236,11 @@ action add_topo_command(CLI::App& app) {
                   "Read sysfs under this directory instead of / (a recorded or fake tree)");
   cmd->add_option("--tiers", options->tiers,
                   "Override the classification, e.g. 'cxl=2,3;dram=0' (wins over "
-                  "TIERFLOW_TIERS and the config file)");
+                  "TIERFLOW_TIERS and the config file)")
+      ->check(non_empty("TIERFLOW_TIERS or the config file"));
   cmd->add_option("--config", options->config,
-                  "Configuration file (key = value lines; default: env TIERFLOW_CONFIG)");
+                  "Configuration file (key = value lines; default: env TIERFLOW_CONFIG)")
+      ->check(non_empty("TIERFLOW_CONFIG"));
   auto* initiator =
       cmd->add_option("--initiator", options->initiator,
                       "Node that tier kinds are relative to (default: GPU 0's nearest node, else "

@@ -64,8 +64,10 @@ action add_tune_command(CLI::App& app) {
                   "Recommend only settings whose HBM staging fits, MiB (0: any)")
       ->check(number_in(0, demo::max_budget_mib))
       ->capture_default_str();
-  cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)");
-  cmd->add_option("--placement", t->model.placement, "Placement spec");
+  cmd->add_option("--emu-link", t->model.emu_link, "Emulated link (else TIERFLOW_EMU_LINK)")
+      ->check(non_empty("TIERFLOW_EMU_LINK or the config file"));
+  cmd->add_option("--placement", t->model.placement, "Placement spec")
+      ->check(non_empty("TIERFLOW_PLACEMENT or the config file"));
   cmd->add_flag("--model-only", t->model_only,
                 "Predict the table from a link probe and compute times; run no sweep");
   cmd->add_flag("--with-model", t->with_model,
