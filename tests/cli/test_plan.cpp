@@ -270,6 +270,95 @@ TEST_CASE("plan: bad specs are errors naming the field and the value", "[cli][pl
                        "--nodes");
 }
 
+TEST_CASE(
+    "plan: rates below 1 MB/s, names with control characters and keys given twice are refused "
+    "naming the file",
+    "[cli][plan][bad_input]") {
+  const json good = load_example("zero_offload_13b_v100");
+  const auto refused = [](const std::string& text, const std::string& expected) {
+    INFO(text);
+    try {
+      (void)plan::size_plan(plan::parse_plan_spec(text, "spec.json"));
+      FAIL("accepted");
+    } catch (const tierflow::input_error& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith("spec.json: " + expected));
+    }
+  };
+  // Rates: 1e-300 GB/s made a 300-digit step time; 0.001 (1 MB/s) is the slowest taken.
+  for (const char* key : {"gpu_tflops", "host_link_gbps", "network_gbps"}) {
+    json s = good;
+    s["cluster"][key] = 1e-300;
+    refused(s.dump(), "cluster." + std::string(key) + ": must be a number from 0.001 to 1e+06");
+  }
+  json tier = good;
+  tier["cluster"]["tiers"][0]["write_gbps"] = 9e-4;
+  refused(tier.dump(), "cluster.tiers[0].write_gbps: must be a number from 0.001 to 1e+06");
+  // At the slowest rates, the step's times stay a few characters long.
+  json slow = good;
+  for (const char* key : {"gpu_tflops", "host_link_gbps", "network_gbps"}) {
+    slow["cluster"][key] = 0.001;
+  }
+  slow["cluster"]["tiers"][0]["read_gbps"] = 0.001;
+  slow["cluster"]["tiers"][0]["write_gbps"] = 0.001;
+  slow["model"]["params"] = 1e15;
+  const auto table = plan_run(slow);
+  INFO("stderr: " << table.err);
+  REQUIRE(table.exit_code == 0);
+  const auto at = table.out.find("step bound ");
+  REQUIRE(at != std::string::npos);
+  const auto end = table.out.find(" s (", at);
+  REQUIRE(end != std::string::npos);
+  CHECK(end - at - 11 <= 10);  // "1.234e+21", not 22 digits and a fraction
+  for (std::size_t from = 0, nl = 0; (nl = table.out.find('\n', from)) != std::string::npos;
+       from = nl + 1) {
+    CHECK(nl - from < 160);
+  }
+
+  // Names are printed: a newline or an escape sequence in one is refused, naming the key.
+  for (const char* name : {"dram\nstep bound 0.001 s", "\x1b[31mdram", "tab\tdram", "del\x7f"}) {
+    json bad = good;
+    bad["cluster"]["tiers"][0]["name"] = name;
+    refused(bad.dump(), "cluster.tiers[0].name: must be printable");
+    bad = good;
+    bad["name"] = name;
+    refused(bad.dump(), "name: must be printable");
+  }
+  json utf8 = good;
+  utf8["cluster"]["tiers"][0]["name"] = "m\u00e9moire";  // not a control character
+  CHECK_NOTHROW(plan::parse_plan_spec(utf8.dump(), "spec.json"));
+
+  // A key given twice is refused (the parser kept the last), naming the object and the key.
+  std::string text = good.dump();
+  text.insert(text.find("\"model\":{") + 9, "\"layers\":3,");
+  refused(text, "model: key \"layers\" given twice");
+  text = good.dump();
+  text.insert(1, "\"tierflow_plan_spec\":1,");
+  refused(text, "key \"tierflow_plan_spec\" given twice");
+  json two = good;
+  two["cluster"]["tiers"].push_back(good["cluster"]["tiers"][0]);
+  two["cluster"]["tiers"][1]["name"] = "cxl";
+  text = two.dump();
+  const auto second = text.find("\"read_gbps\":", text.find("\"read_gbps\":") + 1);
+  REQUIRE(second != std::string::npos);
+  text.insert(second, "\"read_gbps\":5,");
+  refused(text, "cluster.tiers[1]: key \"read_gbps\" given twice");
+  // The same key in two objects is no duplicate.
+  CHECK_NOTHROW(plan::parse_plan_spec(two.dump(), "spec.json"));
+
+  // The model's own refusals name the file too (they named only the field).
+  json huge = good;
+  huge["cluster"]["nodes"] = 1e6;
+  huge["cluster"]["gpus_per_node"] = 1024;
+  huge["training"]["seq_len"] = 1e8;
+  huge["training"].erase("tokens_per_step");
+  refused(huge.dump(), "training.micro_batch: ranks x micro_batch x seq_len");
+  json uneven = good;
+  uneven["training"]["tokens_per_step"] = 1000;
+  refused(uneven.dump(), "training.tokens_per_step: must be a positive multiple");
+  const auto r = plan_run(huge);
+  check_one_line_error(r, "spec.plan.json: training.micro_batch: ");
+}
+
 TEST_CASE("plan --machine: a node's tiers come from a real machine's topo report", "[cli][plan]") {
   // The report of a two-socket machine with CXL (firmware values for some tiers), completed as
   // `tierflow bench` would complete it: random measured bandwidths where the firmware had none.

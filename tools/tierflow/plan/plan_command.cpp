@@ -48,6 +48,14 @@ std::string bytes_text(double bytes) {
   return format_bytes(plan::byte_count(bytes));
 }
 
+// A stage or step time: milliseconds visible for the usual runs, and no more than a few
+// digits for a long one (the caps on the spec bound it near 10^22 s).
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, seconds < 1e6 ? "%.3f" : "%.4g", seconds);
+  return text;
+}
+
 json kinds_json(const rank_bytes& b) {
   json j;
   for_each_kind(b, [&](const char* name, double bytes) { j[name] = bytes; });
@@ -122,14 +130,14 @@ void print_step(std::FILE* out, const plan_result& r) {
     const bool compute = st.name == "compute";
     rows.push_back({st.name, st.scope, compute ? "-" : bytes_text(st.bytes),
                     compute ? format_number(st.rate, 0) + " TFLOPS" : format_bandwidth(st.rate),
-                    format_number(st.time_s, 3), st.name == r.bottleneck ? "<- bound" : ""});
+                    seconds_text(st.time_s), st.name == r.bottleneck ? "<- bound" : ""});
   }
   std::fprintf(out, "Per step (%.4g tokens, %llu micro-batches per rank; GB/s = 10^9 B/s)\n%s",
                r.tokens_per_step, static_cast<unsigned long long>(r.grad_accumulation),
                render_table({"stage", "scope", "bytes", "rate", "time s", ""}, rows).c_str());
-  std::fprintf(out, "step bound %.3f s (%s; serial %.3f s): %.4g tokens/s, MFU at most %.1f %%\n",
-               r.step_bound_s, r.bottleneck.c_str(), r.step_serial_s, r.tokens_per_s,
-               100.0 * r.mfu);
+  std::fprintf(out, "step bound %s s (%s; serial %s s): %.4g tokens/s, MFU at most %.1f %%\n",
+               seconds_text(r.step_bound_s).c_str(), r.bottleneck.c_str(),
+               seconds_text(r.step_serial_s).c_str(), r.tokens_per_s, 100.0 * r.mfu);
   for (const auto& a : r.advice) {
     std::fprintf(out, "advice: %s\n", a.c_str());
   }

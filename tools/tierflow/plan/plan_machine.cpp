@@ -71,6 +71,10 @@ void apply_machine(plan_spec& spec, std::string_view text, const std::string& so
     }
     tier_spec ts;
     ts.name = name.get<std::string>();
+    if (ts.name.empty() || has_control_characters(ts.name)) {
+      check.fail(where + ".name", "must be a non-empty printable name (no control characters)",
+                 &name);
+    }
     ts.capacity_bytes = positive(check, t, where, "capacity_bytes");
     ts.read_gbps = bandwidth_gbps(check, t, where + " (" + ts.name + ")", "read_bandwidth_mbps");
     ts.write_gbps = bandwidth_gbps(check, t, where + " (" + ts.name + ")", "write_bandwidth_mbps");

@@ -315,18 +315,20 @@ plan_result size_plan(const plan_spec& s) {
   if (!(micro_step <= 1e15)) {
     char value[64];
     std::snprintf(value, sizeof value, "%.17g", micro_step);
-    throw input_error("training.micro_batch",
-                      "ranks x micro_batch x seq_len is more than 1e15 tokens per micro-step",
+    throw input_error(s.source,
+                      "training.micro_batch: ranks x micro_batch x seq_len is more than 1e15 "
+                      "tokens per micro-step",
                       value);
   }
   if (accumulation < 1 || std::floor(accumulation) != accumulation) {
     char value[64];
     std::snprintf(value, sizeof value, "%.17g", tokens);
-    char problem[160];
+    char problem[192];
     std::snprintf(problem, sizeof problem,
-                  "must be a positive multiple of ranks x micro_batch x seq_len (%.17g)",
+                  "training.tokens_per_step: must be a positive multiple of ranks x micro_batch x "
+                  "seq_len (%.17g)",
                   micro_step);
-    throw input_error("training.tokens_per_step", problem, value);
+    throw input_error(s.source, problem, value);
   }
   r.tokens_per_step = tokens;
   r.grad_accumulation = static_cast<std::uint64_t>(accumulation);
@@ -347,7 +349,7 @@ plan_result size_plan(const plan_spec& s) {
   r.tokens_per_s = tokens / r.step_bound_s;
   r.mfu = 6.0 * s.params * tokens / (r.step_bound_s * ranks * s.gpu_tflops * 1e12);
   if (!std::isfinite(r.step_serial_s) || !std::isfinite(r.mfu) || !(r.step_bound_s > 0)) {
-    throw input_error(s.name, "the spec's numbers give a step time that is not finite");
+    throw input_error(s.source, "the spec's numbers give a step time that is not finite");
   }
   advise_memory(s, r);
   advise_bottleneck(s, r);

@@ -66,7 +66,8 @@ struct plan_result {
 
 /**
  * @brief Sizes @p s.
- * @throws tierflow::input_error when tokens_per_step is not a multiple of one micro-step
+ * @throws tierflow::input_error naming the spec file (plan_spec::source) when tokens_per_step
+ *         is not a multiple of one micro-step
  *         (ranks × micro_batch × seq_len), or a derived quantity is not finite
  */
 [[nodiscard]] plan_result size_plan(const plan_spec& s);

@@ -19,6 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+constexpr double min_rate = 1e-3;
 
 // Every check throws through this: the file, the field, what is wrong, the value.
 class spec_checker : public json_checker {
@@ -40,16 +41,33 @@ class spec_checker : public json_checker {
   // refused by the parser); @p integral: a whole number.
   double number(const json& object, const std::string& where, const char* key, double max,
                 bool integral) const {
+    return number_from(object, where, key, 0, max, integral);
+  }
+
+  // A bandwidth in GB/s (or a GPU's TFLOPS) from 0.001 (1 MB/s, the slowest link tierflow's
+  // emulated device takes) to 10^6: below it no training run moves its bytes, and 1e-300 made
+  // stage times of 300 digits.
+  double rate(const json& object, const std::string& where, const char* key) const {
+    return number_from(object, where, key, min_rate, 1e6, false);
+  }
+
+  // A number above @p min (at least @p min when @p min > 0) and ≤ @p max.
+  double number_from(const json& object, const std::string& where, const char* key, double min,
+                     double max, bool integral) const {
     const json& v = member(object, where, key);
     const std::string at = where + "." + key;
     if (!v.is_number()) {
       fail(at, "must be a number", &v);
     }
     const double x = v.get<double>();
-    if (!std::isfinite(x) || x <= 0 || x > max || (integral && std::floor(x) != x)) {
-      char range[96];
-      std::snprintf(range, sizeof range, "must be %s greater than 0 and at most %g",
-                    integral ? "a whole number" : "a number", max);
+    if (!std::isfinite(x) || x <= 0 || x < min || x > max || (integral && std::floor(x) != x)) {
+      char range[128];
+      if (min > 0) {
+        std::snprintf(range, sizeof range, "must be a number from %g to %g", min, max);
+      } else {
+        std::snprintf(range, sizeof range, "must be %s greater than 0 and at most %g",
+                      integral ? "a whole number" : "a number", max);
+      }
       fail(at, range, &v);
     }
     return x;
@@ -73,8 +91,14 @@ class spec_checker : public json_checker {
 
   std::string text(const json& object, const std::string& where, const char* key) const {
     const json& v = member(object, where, key);
+    const std::string at = where.empty() ? key : where + "." + key;
     if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
-      fail(where + "." + key, "must be a non-empty string", &v);
+      fail(at, "must be a non-empty string", &v);
+    }
+    // Names are printed in tables and headers: a newline or an escape sequence would forge or
+    // garble the report.
+    if (has_control_characters(v.get_ref<const std::string&>())) {
+      fail(at, "must be printable (no control characters such as newlines or escapes)", &v);
     }
     return v.get<std::string>();
   }
@@ -129,8 +153,8 @@ void parse_tiers(const json& c, const spec_checker& check, plan_spec& s) {
       }
     }
     t.capacity_bytes = check.number(tiers[i], where, "capacity_gib", 1e9, false) * gib;
-    t.read_gbps = check.number(tiers[i], where, "read_gbps", 1e6, false);
-    t.write_gbps = check.number(tiers[i], where, "write_gbps", 1e6, false);
+    t.read_gbps = check.rate(tiers[i], where, "read_gbps");
+    t.write_gbps = check.rate(tiers[i], where, "write_gbps");
     s.tiers.push_back(std::move(t));
   }
 }
@@ -142,9 +166,9 @@ void parse_cluster(const json& doc, const spec_checker& check, plan_spec& s) {
   s.nodes = check.count(c, "cluster", "nodes", 1e6);
   s.gpus_per_node = check.count(c, "cluster", "gpus_per_node", 1024);
   s.hbm_bytes = check.number(c, "cluster", "hbm_gib", 1e6, false) * gib;
-  s.gpu_tflops = check.number(c, "cluster", "gpu_tflops", 1e6, false);
-  s.host_link_gbps = check.number(c, "cluster", "host_link_gbps", 1e6, false);
-  s.network_gbps = check.number(c, "cluster", "network_gbps", 1e6, false);
+  s.gpu_tflops = check.rate(c, "cluster", "gpu_tflops");
+  s.host_link_gbps = check.rate(c, "cluster", "host_link_gbps");
+  s.network_gbps = check.rate(c, "cluster", "network_gbps");
   parse_tiers(c, check, s);
 }
 
@@ -212,6 +236,7 @@ plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
     check.fail("tierflow_plan_spec", "unsupported version (this tierflow reads 1)", &version);
   }
   plan_spec s;
+  s.source = source;
   s.name = doc.contains("name") ? check.text(doc, "", "name") : source;
   if (doc.contains("source")) {
     (void)check.text(doc, "", "source");

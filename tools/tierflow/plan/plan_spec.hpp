@@ -25,6 +25,7 @@ struct tier_spec {
 
 /** @brief A parsed spec; every number checked finite, positive and within its cap. */
 struct plan_spec {
+  std::string source;  ///< the spec file (every error names it)
   std::string name;
   // model
   double params = 0;
@@ -57,9 +58,10 @@ struct plan_spec {
  * @brief Parses and checks a spec document.
  * @param text the JSON text
  * @param source where it came from (the path), the start of every error message
- * @throws tierflow::input_error naming the field and the value: not JSON, an unknown version, a
- *         missing, mistyped or unknown key, a number negative, zero, non-finite or above its cap,
- *         an unknown dtype or sharding, tokens_per_step not a multiple of one micro-step
+ * @throws tierflow::input_error naming @p source, the field and the value: not JSON, a key
+ *         given twice, an unknown version, a missing, mistyped or unknown key, a number
+ *         negative, zero, non-finite, beyond its cap or (a rate) below 0.001, a name with
+ *         control characters, an unknown dtype or sharding
  */
 [[nodiscard]] plan_spec parse_plan_spec(std::string_view text, const std::string& source);
 
