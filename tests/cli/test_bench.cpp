@@ -139,6 +139,7 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
                  Catch::WithinRel(tc.at("median").get<double>() * 1000.0 / 28.0, 1e-9));
       CHECK(tc.at("verified") == true);
       // The arrays staggered: no two at equal addresses modulo the aliasing span.
+      CHECK(tc.at("layout").at("kind") == "staggered");
       std::vector<std::uintptr_t> at;
       for (const char* a : {"p", "g", "m", "v"}) {
         at.push_back(tc.at("layout").at(a).get<std::uintptr_t>() * 1024);
@@ -479,4 +480,33 @@ TEST_CASE(
   check_environment_error(
       run_cli({"bench", "--case", "node_read", "--html", "/proc/tierflow-x.html"}),
       "--html: cannot write the file");
+}
+
+TEST_CASE("bench --adam-layout aliased puts the Adam arrays 256 MiB apart, and says so",
+          "[cli][bench]") {
+  const auto r =
+      run_cli({"bench", "--case", "adam_bound,adam_cpu", "--adam-layout", "aliased", "--buffer-mib",
+               "4", "--samples", "1", "--threads", "1", "--json", "--no-cache"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto doc = json::parse(r.out);
+  CHECK(doc.at("settings").at("adam_layout") == "aliased");
+  int measured = 0;
+  for (const auto& tc : doc.at("testcases")) {
+    if (tc.at("status") == "waived") {
+      continue;
+    }
+    ++measured;
+    const auto& layout = tc.at("layout");
+    CHECK(layout.at("kind") == "aliased");
+    CHECK(layout.at("p") == layout.at("g"));
+    CHECK(layout.at("p") == layout.at("m"));
+    CHECK(layout.at("p") == layout.at("v"));
+    CHECK(tc.at("verified") == true);
+  }
+  CHECK(measured >= 2);
+  // Without a size that fits 256 MiB apart, refused naming the flag.
+  const auto bad = run_cli({"bench", "--case", "adam_cpu", "--adam-layout", "aliased"});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--adam-layout") && Catch::Contains("--buffer-mib"));
 }

@@ -19,6 +19,7 @@
 #include "common/format.hpp"
 #include "common/svg_chart.hpp"
 #include "tierflow/detail/input_file.hpp"
+#include "tierflow/detail/stagger.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/topology.hpp"
 
@@ -35,6 +36,7 @@ struct bench_options {
   std::string html;
   bool no_cache = false;
   bool no_huge_pages = false;
+  std::string adam_layout = "staggered";
   std::size_t buffer_mib = 0;
   std::size_t link_mib = 256;
   std::size_t llc_mib = 0;
@@ -396,6 +398,14 @@ int run(bench_options& o) {
   o.config.link_bytes = o.link_mib << 20;
   o.config.llc_bytes = o.llc_mib << 20;
   o.config.huge_pages = !o.no_huge_pages;
+  o.config.adam_aliased = o.adam_layout == "aliased";
+  if (o.config.adam_aliased &&
+      (o.config.buffer_bytes == 0 || o.config.buffer_bytes > detail::alias_span)) {
+    throw input_error("--adam-layout",
+                      "aliased needs --buffer-mib of at most 256 (the four arrays sit 256 MiB "
+                      "apart in one buffer)",
+                      o.adam_layout);
+  }
   for (const auto kib : o.chunk_kib) {
     if ((kib << 10) > o.config.link_bytes) {
       throw input_error("--chunk-kib",
@@ -506,6 +516,10 @@ action add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-huge-pages", o->no_huge_pages,
                 "Refuse transparent huge pages for the node and Adam buffers (4 KiB pages, as "
                 "most programs get)");
+  cmd->add_option("--adam-layout", o->adam_layout,
+                  "Where the Adam cases' p, g, m, v start: staggered (apart modulo 256 MiB) or "
+                  "aliased (exactly 256 MiB apart, the layout that slows the step)")
+      ->check(CLI::IsMember({"staggered", "aliased"}));
   cmd->add_flag("--no-cache", o->no_cache,
                 "Do not store the measured values for placement and tuning (~/.cache/tierflow)");
   return [o] { return run(*o); };

@@ -284,6 +284,7 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
                 {"link_bytes", config.link_bytes},
                 {"device", config.device},
                 {"huge_pages", config.huge_pages},
+                {"adam_layout", config.adam_aliased ? "aliased" : "staggered"},
                 {"llc_bytes_from", config.llc_bytes ? "--llc-mib" : "sysfs (cpu0 caches)"}};
   if (ctx.array_bytes < 4 * llc) {
     settings["note"] = "buffers are below 4 x the last-level cache: cache bandwidth is measured";

@@ -42,7 +42,9 @@ struct bench_config {
   std::size_t link_bytes = std::size_t{256} << 20;       ///< bytes per host <-> device copy
   std::vector<std::size_t> chunk_sizes;                  ///< sweep; empty: 64 KiB ... 64 MiB
   std::uint64_t latency_loads = std::uint64_t{1} << 22;  ///< dependent loads per sample
-  bool huge_pages = true;     ///< ask for transparent huge pages (false: refuse them)
+  bool huge_pages = true;  ///< ask for transparent huge pages (false: refuse them)
+  /// the Adam cases' p, g, m, v exactly 256 MiB apart (the layout that aliases), not staggered
+  bool adam_aliased = false;
   std::size_t llc_bytes = 0;  ///< the last-level cache the buffer rule uses; 0: detected
 };
 

@@ -31,19 +31,29 @@ using detail::adam_bytes_per_param;
 struct adam_measure;
 
 struct adam_state final : site_fixture {
-  adam_state(const numa_node& to, std::size_t bytes, bool huge)
-      : n(bytes / sizeof(float) / 64 * 64),
-        bp(to.id.value, n * 4 + detail::stagger_slack, huge),
-        bg(to.id.value, n * 4 + detail::stagger_slack, huge),
-        bm(to.id.value, n * 4 + detail::stagger_slack, huge),
-        bv(to.id.value, n * 4 + detail::stagger_slack, huge),
-        p(place(bp)),
-        g(place(bg)),
-        m(place(bm)),
-        v(place(bv)) {
+  adam_state(const numa_node& to, std::size_t bytes, bool huge, bool aliased)
+      : n(bytes / sizeof(float) / 64 * 64), aliased_layout(aliased) {
+    if (aliased) {
+      // One buffer, the four arrays exactly alias_span apart: the layout to avoid, on purpose.
+      buffers.push_back(std::make_unique<node_buffer>(to.id.value, 4 * detail::alias_span, huge));
+      auto* base = buffers.back()->as<unsigned char>();
+      p = reinterpret_cast<float*>(base);
+      g = reinterpret_cast<float*>(base + detail::alias_span);
+      m = reinterpret_cast<float*>(base + 2 * detail::alias_span);
+      v = reinterpret_cast<float*>(base + 3 * detail::alias_span);
+    } else {
+      for (float** a : {&p, &g, &m, &v}) {
+        buffers.push_back(
+            std::make_unique<node_buffer>(to.id.value, n * 4 + detail::stagger_slack, huge));
+        auto* base = buffers.back()->as<unsigned char>();
+        *a = reinterpret_cast<float*>(base + detail::stagger_offset(base, apart));
+      }
+    }
     hyper.weight_decay = 0.01;
   }
   ~adam_state() override;
+  adam_state(const adam_state&) = delete;
+  adam_state& operator=(const adam_state&) = delete;
 
   void fill(unsigned threads) {
     team->run([&](unsigned t) {
@@ -60,6 +70,7 @@ struct adam_state final : site_fixture {
   // Each array's address modulo the aliasing span, KiB (the layout the run used).
   [[nodiscard]] json layout() const {
     json out = json::object();
+    out["kind"] = aliased_layout ? "aliased" : "staggered";
     const std::pair<const char*, const float*> arrays[] = {{"p", p}, {"g", g}, {"m", m}, {"v", v}};
     for (const auto& [name, a] : arrays) {
       out[name] = reinterpret_cast<std::uintptr_t>(a) % detail::alias_span / 1024;
@@ -68,23 +79,18 @@ struct adam_state final : site_fixture {
   }
 
   std::size_t n;
-  node_buffer bp, bg, bm, bv;
-  std::vector<std::uintptr_t> apart;  // before p..v: place() reads it
-  float* p;
-  float* g;
-  float* m;
-  float* v;
+  bool aliased_layout;
+  std::vector<std::unique_ptr<node_buffer>> buffers;
+  std::vector<std::uintptr_t> apart;
+  float* p = nullptr;
+  float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
   adam_kernel kernel = detail::resolve_kernel(adam_kernel::automatic);
   adam_hyper hyper;
   std::size_t probe = n / 3;  // the element verified against the scalar reference
   std::unique_ptr<pinned_team> team;
   std::vector<std::unique_ptr<adam_measure>> measures;  // of the site's thread count now
-
- private:
-  float* place(const node_buffer& b) {
-    auto* base = b.as<unsigned char>();
-    return reinterpret_cast<float*>(base + detail::stagger_offset(base, apart));
-  }
 };
 
 // One case at one site: a sample at a time (the cases take turns), then its testcase.
@@ -260,14 +266,14 @@ std::unique_ptr<adam_measure> make_step(const char* name, const run_context& ctx
 
 void run_adam_site(run_context& ctx, const numa_node& from, const numa_node& to,
                    const std::vector<const registered_case*>& selected) {
-  if (!fits(to, 6 * ctx.array_bytes)) {
+  if (!fits(to, 6 * ctx.array_bytes)) {  // p, g, m, v, and a step's own m and v
     for (const auto* c : selected) {
       ctx.testcases.push_back(waived(c->info.name, short_of_memory(to, 6, ctx.array_bytes),
                                      from.id.value, to.id.value));
     }
     return;
   }
-  adam_state state(to, ctx.array_bytes, ctx.config.huge_pages);
+  adam_state state(to, ctx.array_bytes, ctx.config.huge_pages, ctx.config.adam_aliased);
   for (const unsigned threads : adam_threads(ctx.config, from)) {
     state.team = std::make_unique<pinned_team>(from.cpus, threads);
     state.fill(threads);
