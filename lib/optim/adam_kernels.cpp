@@ -68,18 +68,28 @@ void store_scalar(const float* src, void* dst, param_dtype dtype, std::size_t be
   }
 }
 
-// Lane i % 8 of @p lanes gets g_i², from element @p begin (a multiple of 8) on.
+// The sum of squares' lanes: element i goes to lane i % sum_lanes. Enough independent add
+// chains that the sum runs at the speed memory delivers the grads (8 lanes, two chains of
+// AVX2 adds, ran at half of it on one core), in an order every kernel keeps.
+constexpr std::size_t sum_lanes = 32;
+
+// Lane i % sum_lanes of @p lanes gets g_i², from element @p begin (a multiple of sum_lanes) on.
 void sum_squares_scalar(const void* grad, param_dtype dtype, std::size_t begin, std::size_t n,
                         double* lanes) noexcept {
   for (std::size_t i = begin; i < n; ++i) {
     const double g = load_one(grad, dtype, i);
-    lanes[i % 8] += g * g;
+    lanes[i % sum_lanes] += g * g;
   }
 }
 
-double combine_lanes(const double* lanes) noexcept {
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+// The lanes combined pairwise: lane k + w into lane k for w = 16, 8, 4, 2, 1.
+double combine_lanes(double* lanes) noexcept {
+  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2) {
+    for (std::size_t k = 0; k < w; ++k) {
+      lanes[k] += lanes[k + w];
+    }
+  }
+  return lanes[0];
 }
 
 // ---- AVX2 (+F16C) ---------------------------------------------------------------------------
@@ -175,19 +185,24 @@ TIERFLOW_AVX2 void store_avx2(const float* src, void* dst, param_dtype dtype,
 }
 
 TIERFLOW_AVX2 double sum_squares_avx2(const void* grad, param_dtype dtype, std::size_t n) noexcept {
-  __m256d low = _mm256_setzero_pd();   // lanes 0..3
-  __m256d high = _mm256_setzero_pd();  // lanes 4..7
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 g = load8(grad, dtype, i);
-    const __m256d g_low = _mm256_cvtps_pd(_mm256_castps256_ps128(g));
-    const __m256d g_high = _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1));
-    low = _mm256_add_pd(low, _mm256_mul_pd(g_low, g_low));
-    high = _mm256_add_pd(high, _mm256_mul_pd(g_high, g_high));
+  __m256d acc[sum_lanes / 4];  // acc[k]: lanes 4k .. 4k+3
+  for (auto& a : acc) {
+    a = _mm256_setzero_pd();
   }
-  alignas(32) double lanes[8];
-  _mm256_store_pd(lanes, low);
-  _mm256_store_pd(lanes + 4, high);
+  std::size_t i = 0;
+  for (; i + sum_lanes <= n; i += sum_lanes) {
+    for (std::size_t q = 0; q < sum_lanes / 8; ++q) {
+      const __m256 g = load8(grad, dtype, i + 8 * q);
+      const __m256d g_low = _mm256_cvtps_pd(_mm256_castps256_ps128(g));
+      const __m256d g_high = _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1));
+      acc[2 * q] = _mm256_add_pd(acc[2 * q], _mm256_mul_pd(g_low, g_low));
+      acc[2 * q + 1] = _mm256_add_pd(acc[2 * q + 1], _mm256_mul_pd(g_high, g_high));
+    }
+  }
+  alignas(32) double lanes[sum_lanes];
+  for (std::size_t k = 0; k < sum_lanes / 4; ++k) {
+    _mm256_store_pd(lanes + 4 * k, acc[k]);
+  }
   sum_squares_scalar(grad, dtype, i, n, lanes);
   return combine_lanes(lanes);
 }
@@ -280,20 +295,25 @@ TIERFLOW_AVX512 void store_avx512(const float* src, void* dst, param_dtype dtype
 
 TIERFLOW_AVX512 double sum_squares_avx512(const void* grad, param_dtype dtype,
                                           std::size_t n) noexcept {
-  // One accumulator of eight lanes keeps the reference's order; the adds' latency is far
-  // below what memory delivers grads at.
-  __m512d lanes8 = _mm512_setzero_pd();
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = load16(grad, dtype, i);
-    const __m512d first = _mm512_cvtps_pd(_mm512_castps512_ps256(g));
-    const __m512d second =
-        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
-    lanes8 = _mm512_add_pd(lanes8, _mm512_mul_pd(first, first));
-    lanes8 = _mm512_add_pd(lanes8, _mm512_mul_pd(second, second));
+  __m512d acc[sum_lanes / 8];  // acc[k]: lanes 8k .. 8k+7
+  for (auto& a : acc) {
+    a = _mm512_setzero_pd();
   }
-  alignas(64) double lanes[8];
-  _mm512_store_pd(lanes, lanes8);
+  std::size_t i = 0;
+  for (; i + sum_lanes <= n; i += sum_lanes) {
+    for (std::size_t q = 0; q < sum_lanes / 16; ++q) {
+      const __m512 g = load16(grad, dtype, i + 16 * q);
+      const __m512d first = _mm512_cvtps_pd(_mm512_castps512_ps256(g));
+      const __m512d second =
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1)));
+      acc[2 * q] = _mm512_add_pd(acc[2 * q], _mm512_mul_pd(first, first));
+      acc[2 * q + 1] = _mm512_add_pd(acc[2 * q + 1], _mm512_mul_pd(second, second));
+    }
+  }
+  alignas(64) double lanes[sum_lanes];
+  for (std::size_t k = 0; k < sum_lanes / 8; ++k) {
+    _mm512_store_pd(lanes + 8 * k, acc[k]);
+  }
   sum_squares_scalar(grad, dtype, i, n, lanes);
   return combine_lanes(lanes);
 }
@@ -427,7 +447,7 @@ double grad_sum_squares(adam_kernel kernel, const void* grad, param_dtype dtype,
     case adam_kernel::avx2:
       return sum_squares_avx2(grad, dtype, n);
     default: {
-      double lanes[8] = {};
+      double lanes[sum_lanes] = {};
       sum_squares_scalar(grad, dtype, 0, n, lanes);
       return combine_lanes(lanes);
     }

@@ -95,15 +95,20 @@ void formula(float& p, float& m, float& v, float grad, const adam_scalars& s) {
   p = p + upd;
 }
 
-// Σ g² in the documented order: eight double lanes, i % 8, combined pairwise.
+// Σ g² in the documented order: 32 double lanes, i % 32, lane k + w into lane k for w = 16, 8,
+// 4, 2, 1.
 double sum_squares_reference(const std::vector<float>& g, std::size_t begin, std::size_t n) {
-  double lanes[8] = {};
+  double lanes[32] = {};
   for (std::size_t i = 0; i < n; ++i) {
     const double x = g[begin + i];
-    lanes[i % 8] += x * x;
+    lanes[i % 32] += x * x;
   }
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (std::size_t w = 16; w > 0; w /= 2) {
+    for (std::size_t k = 0; k < w; ++k) {
+      lanes[k] += lanes[k + w];
+    }
+  }
+  return lanes[0];
 }
 
 std::size_t pick(std::mt19937_64& gen, std::size_t lo, std::size_t hi) {

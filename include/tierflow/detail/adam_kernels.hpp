@@ -3,8 +3,8 @@
 // at run time by CPU feature detection. Every version performs the same fp32 operations in the
 // same order with no fused multiply-add (the file is compiled with -ffp-contract=off), so all
 // of them give the same bits. The same holds for the dtype conversions (bf16 and fp16 round to
-// nearest even) and for the grads' sum of squares, whose summation order is fixed: eight
-// double lanes, element i into lane i % 8, lanes combined pairwise.
+// nearest even) and for the grads' sum of squares, whose summation order is fixed: 32
+// double lanes, element i into lane i % 32, lane k + w added into lane k for w = 16, 8, 4, 2, 1.
 #include <cstddef>
 #include <cstdint>
 
