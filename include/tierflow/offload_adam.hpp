@@ -110,10 +110,10 @@ struct adam_param {
   /** `param` is host memory (e.g. a cold parameter's tier copy that a prefetch_scheduler
    * streams in): the step writes the update there directly, with no H2D. cpu mode only; the
    * grad may be the device's (copied down) or host memory (read in place). cpu mode treats a
-   * param that is not the device's memory (device::is_device_memory) so too. An fp32 param in
-   * host memory stepped without an overlap is its own master (8 B of state per param): a
-   * write to it is what the next step starts from; any other param's outside write needs
-   * refresh_master(). */
+   * param that is not the device's memory (device::is_device_memory) so too, and an fp32 one
+   * of those (the caller's own host memory, not marked param_on_host: a CPU tensor) stepped
+   * without an overlap is its own master (8 B of state per param): a write to it is what the
+   * next step starts from; any other param's outside write needs refresh_master(). */
   bool param_on_host = false;
   /** The index of a weight of the session that makes the optimizer (session::make_optimizer):
    * `param` is then that weight's tier copy and `param_on_host` true. An optimizer made

@@ -186,8 +186,10 @@ void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
       p.desc = desc;
       p.active = desc.grad != nullptr;  // none yet: left alone until set_grad gives one
       const bool own_host = !desc.param_on_host && in_host_memory(desc.param);
+      // Only the caller's own host memory (a CPU tensor): a tier copy marked param_on_host
+      // (a session's weight) keeps a master of its own, where master_params is placed.
       p.master_is_param = cpu_mode && core.options.overlap == adam_overlap::none &&
-                          desc.dtype == param_dtype::f32 && (desc.param_on_host || own_host);
+                          desc.dtype == param_dtype::f32 && own_host;
       p.grads_staged = !(cpu_mode && core.options.overlap == adam_overlap::none && own_host);
       check_grad(p, desc.grad);
       p.grad_on_host = desc.grad != nullptr && in_host_memory(desc.grad);
