@@ -106,6 +106,24 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// One group over @p params (each param and grad where the test holds them), named
+// @p prefix0, @p prefix1, ... (@p prefix alone for one param).
+adam_group group_of(std::vector<host_param>& params, const std::string& prefix,
+                    const adam_hyper& hyper = {}) {
+  adam_group group;
+  group.hyper = hyper;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    adam_param a;
+    a.name = prefix + (params.size() > 1 ? std::to_string(i) : "");
+    a.param = params[i].param();
+    a.grad = params[i].grad();
+    a.dtype = params[i].dtype;
+    a.elements = params[i].size();
+    group.params.push_back(a);
+  }
+  return group;
+}
+
 }  // namespace
 
 TEST_CASE("stagger: arrays placed 256 MiB apart end up apart modulo the aliasing span",
@@ -155,20 +173,12 @@ TEST_CASE("cpu mode reads host grads in place and steps an fp32 host param as it
   adam_hyper hyper;
   hyper.lr = 1e-2;
   hyper.weight_decay = 0.05;
-  adam_group group;
-  group.hyper = hyper;
   std::size_t f32_elements = 0, bf16_elements = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    params[i].draw_grads(gen);
-    adam_param a;
-    a.name = "p" + std::to_string(i);
-    a.param = params[i].param();
-    a.grad = params[i].grad();
-    a.dtype = params[i].dtype;
-    a.elements = params[i].size();
-    group.params.push_back(a);
-    (params[i].dtype == param_dtype::f32 ? f32_elements : bf16_elements) += params[i].size();
+  for (auto& p : params) {
+    p.draw_grads(gen);
+    (p.dtype == param_dtype::f32 ? f32_elements : bf16_elements) += p.size();
   }
+  const adam_group group = group_of(params, "p", hyper);
   adam_options o;
   o.mode = adam_mode::automatic;  // picks cpu: the params are host memory
   o.threads = static_cast<unsigned>(std::uniform_int_distribution<int>(1, 3)(gen));
@@ -221,16 +231,7 @@ TEST_CASE("a non-finite grad read in place leaves every byte of params and state
       params.emplace_back(i == 2 ? param_dtype::bf16 : param_dtype::f32,
                           std::uniform_int_distribution<std::size_t>(1, 50000)(gen), gen);
     }
-    adam_group group;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      adam_param a;
-      a.name = "w" + std::to_string(i);
-      a.param = params[i].param();
-      a.grad = params[i].grad();
-      a.dtype = params[i].dtype;
-      a.elements = params[i].size();
-      group.params.push_back(a);
-    }
+    const adam_group group = group_of(params, "w");
     adam_options o;
     o.mode = adam_mode::cpu;
     o.max_grad_norm = clip;
@@ -283,15 +284,11 @@ TEST_CASE("a device grad for a param in host memory is refused, naming the param
   const topology topo = topology::discover();
   auto policy = test_placement(topo);
   auto dev = host_test_device();
-  host_param hp(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  std::vector<host_param> one;
+  one.emplace_back(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  host_param& hp = one.front();
   hp.draw_grads(gen);
-  adam_group group;
-  adam_param a;
-  a.name = "host_w";
-  a.param = hp.param();
-  a.grad = hp.grad();
-  a.elements = hp.size();
-  group.params.push_back(a);
+  const adam_group group = group_of(one, "host_w");
   adam_options o;
   o.mode = adam_mode::cpu;
   offload_adam opt(*dev, {group}, o, policy);
@@ -311,15 +308,11 @@ TEST_CASE("a timeout waiting for grads read in place is the step's error, the st
   const topology topo = topology::discover();
   auto policy = test_placement(topo);
   auto dev = host_test_device();
-  host_param hp(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  std::vector<host_param> one;
+  one.emplace_back(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 5000)(gen), gen);
+  host_param& hp = one.front();
   hp.draw_grads(gen);
-  adam_group group;
-  adam_param a;
-  a.name = "late";
-  a.param = hp.param();
-  a.grad = hp.grad();
-  a.elements = hp.size();
-  group.params.push_back(a);
+  const adam_group group = group_of(one, "late");
   adam_options o;
   o.mode = adam_mode::cpu;
   o.device_timeout_s = 0.05;
@@ -355,15 +348,7 @@ TEST_CASE("set_grads checks every grad before setting any", "[adam]") {
                         gen);
     params.back().draw_grads(gen);
   }
-  adam_group group;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    adam_param a;
-    a.name = "w" + std::to_string(i);
-    a.param = params[i].param();
-    a.grad = params[i].grad();
-    a.elements = params[i].size();
-    group.params.push_back(a);
-  }
+  const adam_group group = group_of(params, "w");
   adam_options o;
   o.mode = adam_mode::cpu;
   offload_adam opt(*dev, {group}, o, policy);
