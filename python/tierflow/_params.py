@@ -6,7 +6,7 @@ model's largest ``nn.ModuleList``) into the tier copies of a tierflow session
 blocks, then backward over them in reverse), stages each block ``window`` blocks ahead, skips
 blocks that did not run, starts a new pass when a forward goes back, and ends a pass after
 block 0's backward. While block i runs forward, its params' ``.data`` are views of its HBM
-staging; afterwards they are 1-element placeholders expanded to the param's shape (so shapes,
+staging; afterwards they are 1-element NaN placeholders expanded to the param's shape (so shapes,
 dtypes and ``requires_grad`` stay as they were, and autograd accumulates grads as usual). What
 a block's forward saves for backward that is one of its weights is saved as a token
 (``torch.autograd.graph.saved_tensors_hooks``) and re-staged when the backward pass reaches the
@@ -218,7 +218,9 @@ class OffloadedParameters(_ModelState):
 
     @staticmethod
     def _placeholder(p):
-        return torch.zeros(1, dtype=p.dtype, device=p.device).expand(p.shape)
+        # NaN, not zeros: a read outside the block's forward (a regularizer over
+        # model.parameters(), logging) gives NaN, never a finite wrong number
+        return torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
 
     def _wrap_forwards(self):
         for b, (block, _) in enumerate(self._blocks):

@@ -110,6 +110,12 @@ def test_placeholders_keep_shapes_and_the_handle_refuses_after_remove(seed):
     offloaded = [p for b in list(model.blocks)[:2] for p in b.parameters()]
     assert all(p.data.stride() == (0,) * p.dim() for p in offloaded)  # 1-element placeholders
     assert all(p.is_contiguous() for p in model.blocks[2].parameters())  # not offloaded
+    # Read outside the block's forward (a regularizer, logging), an offloaded weight is NaN:
+    # never a finite wrong number; the model's state_dict() has the real values.
+    penalty = sum(p.float().square().sum() for p in model.parameters())
+    assert not torch.isfinite(penalty)
+    real = model.state_dict()
+    assert all(torch.isfinite(v).all() for v in real.values())
     handle.remove()
     handle.remove()  # idempotent
     with pytest.raises(RuntimeError, match="removed"):
