@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from tierflow import _capi, _devices, _state
+from tierflow import _capi, _devices, _dtensor, _state
 from tierflow._announce import _Announcing
 from tierflow._binding import ParamResizedError, _Binding
 from tierflow._checks import _MemoryIndex, _check_group, _check_param, _holds_elements, _label, \
@@ -162,6 +162,44 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
             for p in params:
                 self._hook(p)
 
+    # torch.amp.GradScaler gives a step that says it handles scaling its scale and whether it
+    # found an inf or NaN (the grad_scale and found_inf attributes), instead of unscaling the
+    # grads in place first, which it does without bumping their version counters: an
+    # overlap's announced grads would then look unchanged and the step would use them scaled.
+    _step_supports_amp_scaling = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+
+    def _take_grad_scaler(self) -> bool:
+        """What a GradScaler handed this step: True when it found an inf or NaN (the step is
+        skipped, as torch's fused AdamW skips it: the announced grads are discarded, nothing
+        changes); else the grads unscaled here (the same float32 multiply as the scaler's,
+        which bumps their versions, so announcements made with the scaled values are redone)."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:
+            return False
+        grad_scale = getattr(self, "grad_scale", None)
+        if float(found_inf) != 0:
+            if self._adam is not None and self._options.get("overlap", "none") != "none":
+                _capi.call("tf_adam_discard_grads", self._adam)
+            self._keep.clear()
+            self._released.clear()
+            self._announced.clear()
+            self.last_step_applied = False
+            return True
+        if grad_scale is None:
+            # scaler.unscale_(opt) ran before (clipping): the grads changed in place without a
+            # version bump, so every announcement is redone from the grads as they are now
+            if self._adam is not None and self._announced:
+                self._announced = {i: (address, -1) for i, (address, _) in
+                                   self._announced.items()}
+            return False
+        inv_scale = float(grad_scale.double().reciprocal().float())  # the scaler's float32
+        with torch.no_grad():
+            for _, _, p in self._flat():
+                g = _dtensor.grad(p)
+                if g is not None:
+                    g.mul_(inv_scale)
+        return False
+
     # --- torch.optim.Optimizer ----------------------------------------------------------
     def step(self, closure=None):
         """One Adam step over every param with a grad; returns the closure's loss.
@@ -172,6 +210,8 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._take_grad_scaler():
+            return loss
         self._ensure_built()
         self._absorb_outside_state()
         for gi, group in enumerate(self.param_groups):
