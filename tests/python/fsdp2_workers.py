@@ -48,21 +48,34 @@ class Uneven(nn.Module):
         return self.head(torch.tanh(self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))))
 
 
-def sharded_model(seed):
+def cpu_offload_policy():
+    """FSDP2's CPUOffloadPolicy (params, grads and optimizer state on the CPU, the step there),
+    unpinned (a CPU mesh has no device to pin for), or None where this torch has none."""
+    for module in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            return getattr(__import__(module, fromlist=["CPUOffloadPolicy"]),
+                           "CPUOffloadPolicy")(pin_memory=False)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def sharded_model(seed, offload_policy=None):
     """Uneven from the seed's init; each layer, then the root, fully_shard on a 1-D CPU mesh
     (named: on a machine with a GPU the default mesh would be CUDA's, which gloo cannot
-    reduce)."""
+    reduce), with @p offload_policy when given."""
     from torch.distributed.device_mesh import init_device_mesh
 
     fully_shard = fully_shard_function()
     torch.manual_seed(seed)
     net = Uneven()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    extra = {} if offload_policy is None else {"offload_policy": offload_policy}
     for layer in (net.a, net.b, net.c, net.head):
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **extra)
         if hasattr(layer, "set_force_sum_reduction_for_comms"):  # torch >= 2.8
             layer.set_force_sum_reduction_for_comms(True)  # gloo has no ReduceOp.AVG
-    fully_shard(net, mesh=mesh)
+    fully_shard(net, mesh=mesh, **extra)
     return net
 
 
@@ -235,4 +248,30 @@ def scenario_checkpoint(rank, world, port, args):
         lambda params: OffloadAdamW(params, **HYPER))
     assert_same(went_on, torch_result[0], f"rank {rank}: OffloadAdamW against AdamW")
     assert_same(resumed, went_on, f"rank {rank}: resumed through torch.distributed.checkpoint")
+    dist.destroy_process_group()
+
+
+def scenario_cpu_offload(rank, world, port, args):
+    """FSDP2 with CPUOffloadPolicy (the step on the CPU, the configuration whose slow step its
+    users report): OffloadAdamW as that step against AdamW(foreach=False), the same shards,
+    args["steps"] steps: the full params within 1e-5 of scale."""
+    seed, steps = args["seed"], args["steps"]
+    init(rank, world, port, timeout_s=30.0)
+    data = batches(seed, steps)
+    policy = cpu_offload_policy()
+
+    def torch_run():
+        ref = sharded_model(seed, cpu_offload_policy())
+        ref_opt = torch.optim.AdamW(ref.parameters(), foreach=False, **HYPER)
+        train(ref, ref_opt, data, 0, steps)
+        return full(ref)
+
+    ref_n = _skip_if_torch_fails(args, torch_run)
+    if ref_n is None:
+        return
+    net = sharded_model(seed, policy)
+    opt = OffloadAdamW(net.parameters(), **HYPER)
+    train(net, opt, data, 0, steps)
+    assert opt.mode == "cpu", opt.mode  # CPU shards: the host step, nothing over a link
+    assert_same(full(net), ref_n, f"rank {rank}/{world} after {steps} steps, CPUOffloadPolicy")
     dist.destroy_process_group()

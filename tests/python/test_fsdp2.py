@@ -48,3 +48,15 @@ def test_fully_shard_shards_match_adamw_and_resume(dist_seed, tmp_path):
 
 def test_torch_distributed_checkpoint_resumes_offload_adamw(dist_seed, tmp_path):
     _spawn(fsdp2_workers.scenario_checkpoint, dist_seed, tmp_path)
+
+
+@pytest.mark.skipif(fsdp2_workers.cpu_offload_policy() is None,
+                    reason=f"torch {torch.__version__} has no FSDP2 CPUOffloadPolicy")
+def test_cpu_offload_policy_steps_as_adamw(dist_seed, tmp_path):
+    args = {"seed": dist_seed, "steps": 20, "dir": str(tmp_path),
+            "skip": str(tmp_path / "skip.txt")}
+    mp.spawn(fsdp2_workers.scenario_cpu_offload, args=(2, dist_workers.free_port(), args),
+             nprocs=2)
+    if os.path.exists(args["skip"]):
+        with open(args["skip"]) as f:
+            pytest.skip(f.read())
