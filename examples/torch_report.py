@@ -1,9 +1,10 @@
 """An HTML report of a training run, with SVG plots and no dependencies: the loss curve, each
 step's time split into compute / stall / optimizer, and the bytes each tier held over time.
 
-``write_html(path, title, summary, steps)`` writes it; ``steps`` is a list of dicts with
-``step``, ``loss``, ``compute_s``, ``stall_s``, ``optimizer_s``, ``tiers`` ({name: bytes}) and
-optionally ``val_loss``. The page measures its own drawing once laid out (each chart's marks
+``write_html(path, title, summary, steps, curves=None)`` writes it; ``steps`` is a list of
+dicts with ``step``, ``loss``, ``compute_s``, ``stall_s``, ``optimizer_s``, ``tiers`` ({name:
+bytes}) and optionally ``val_loss``; ``curves`` ({name: [(step, held-out loss), ...]}), when
+given, adds a chart of those curves together (the runs of ``--accuracy``, one per state dtype). The page measures its own drawing once laid out (each chart's marks
 and their bounding box, in ``<pre id="layout">``), so a headless browser can check it.
 """
 from __future__ import annotations
@@ -143,10 +144,36 @@ def _tier_chart(steps: list) -> str:
     return _svg("tiers", "Bytes each tier held", body)
 
 
-def write_html(path: str, title: str, summary: Sequence[str], steps: list) -> None:
+def _curves_chart(curves: dict) -> str:
+    """Held-out loss curves of several runs on one plot, a line and its points per run."""
+    values = _finite(v for points in curves.values() for _, v in points)
+    if not values:
+        raise ValueError("write_html: no finite held-out loss in curves")
+    lo, hi = min(values), max(values)
+    margin = 0.05 * (hi - lo) or 0.05 * abs(hi) or 1.0
+    ax = _Axes(max(x for points in curves.values() for x, _ in points), lo - margin, hi + margin)
+    body = ax.frame("step", "held-out loss", lambda v: f"{v:.3f}")
+    for k, (name, points) in enumerate(curves.items()):
+        colour = _COLOURS[k % len(_COLOURS)]
+        shown = [(x, v) for x, v in points if v is not None and math.isfinite(v)]
+        line = " ".join(f"{ax.x(x):.1f},{ax.y(v):.1f}" for x, v in shown)
+        body.append(f'<polyline data-mark="{html.escape(name)}" points="{line}" fill="none" '
+                    f'stroke="{colour}" stroke-width="1.5"><title>{html.escape(name)}</title>'
+                    '</polyline>')
+        for x, v in shown:
+            body.append(f'<circle cx="{ax.x(x):.1f}" cy="{ax.y(v):.1f}" r="2" fill="{colour}">'
+                        f'<title>{html.escape(name)}, step {x}: {v:.4f}</title></circle>')
+    body += _legend(list(curves))
+    return _svg("curves", "Held-out loss of each run (the same model, seed and data)", body)
+
+
+def write_html(path: str, title: str, summary: Sequence[str], steps: list,
+               curves: dict = None) -> None:
     """Writes the report to ``path`` (see the module's comment)."""
     if not steps:
         raise ValueError("write_html: no steps to plot")
+    if curves is not None and not any(curves.values()):
+        raise ValueError("write_html: curves holds no points")
     for i, s in enumerate(steps):
         for key in ("step", "loss", "compute_s", "stall_s", "optimizer_s", "tiers"):
             if key not in s:
@@ -160,6 +187,7 @@ def write_html(path: str, title: str, summary: Sequence[str], steps: list) -> No
         f"<h1>{html.escape(title)}</h1>",
         "<ul id=\"summary\">" + "".join(f"<li>{html.escape(line)}</li>" for line in summary)
         + "</ul>",
+        *([_curves_chart(curves)] if curves else []),
         _loss_chart(steps), _time_chart(steps), _tier_chart(steps),
         "<details><summary>Steps (JSON)</summary><pre id=\"steps\">"
         + html.escape(json.dumps(steps)) + "</pre></details>",

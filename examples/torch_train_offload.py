@@ -20,6 +20,12 @@ each offloaded weight's grad as soon as the optimizer has its host copy (so HBM 
 whole model's grads; the summary prints torch's HBM peak against the resident run's), and none
 on the CPU, where the step is a few ms against a second of forward + backward, so overlap gains
 nothing measurable (BENCHMARKS.md, issue 25).
+--state-dtype bf16 or int8 stores the Adam moments compressed (OffloadAdamW(state_dtype=...),
+cpu mode). --accuracy trains the same model (same seed, same data) once per state dtype, fp32,
+bf16 and int8, for --steps (default 300) with its weights resident (streaming them changes no
+bit: --verify), evaluates the held-out loss every --eval-every steps (default 20) on a fixed
+held-out set of --eval-rows sequences (default 256), prints the curves as a table and the final
+int8 / fp32 ratio, and writes the three curves in one plot in report.html and accuracy.json.
 """
 import argparse
 import copy
@@ -36,6 +42,7 @@ from torch_report import write_html  # beside this script
 from tierflow.torch import OffloadAdamW, offload_parameters
 
 CORPUS = "/usr/share/common-licenses"
+STATE_DTYPES = ("fp32", "bf16", "int8")
 
 
 class Decoder(nn.Module):
@@ -83,10 +90,18 @@ def batch(text, rows, context, generator, device):
 
 
 def held_out_loss(model, text, args, device):
+    """The loss over a fixed held-out set: the same --eval-rows sequences at every call."""
     g = torch.Generator().manual_seed(7)
+    total, rows = 0.0, args.eval_rows
     with torch.no_grad():
-        x, y = batch(text, 4 * args.batch, args.context, g, device)
-        return nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+        x, y = batch(text, rows, args.context, g, device)
+        if rows <= 64:
+            return nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+        for start in range(0, rows, 64):  # in pieces: the activations of 64 rows at a time
+            part = slice(start, min(start + 64, rows))
+            total += nn.functional.cross_entropy(model(x[part]).flatten(0, 1),
+                                                 y[part].flatten(), reduction="sum").item()
+        return total / y.numel()
 
 
 def sync(device):
@@ -160,7 +175,9 @@ def summarize(m, adam, state_tiers, budget, steps, args):
         f"link: {h2d['achieved_gbps']:.1f} GB/s achieved while busy, bound "
         f"{m['bound_gbps']['h2d']:.1f} GB/s (host to device)",
         f"Adam: {adam['mode']} mode, {adam['kernel']} kernel, {adam['threads']} threads, "
-        f"{1e3 * adam['step_seconds_total'] / max(adam['steps'], 1):.1f} ms a step",
+        f"{1e3 * adam['step_seconds_total'] / max(adam['steps'], 1):.1f} ms a step, "
+        f"{args.state_dtype} moments: {adam['state_bytes'] / max(adam['params'], 1):.2f} B of "
+        "state per param",
         f"overlap {args.overlap}: step() after the backward pass (exposed) "
         f"{1e3 * statistics.median(r['optimizer_s'] for r in steps[1:] or steps):.1f} ms "
         f"(median), {adam['speculative_steps']} speculative steps, {adam['rollbacks']} rollbacks",
@@ -190,8 +207,10 @@ def parse_args():
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--context", type=int, default=32, help="tokens (bytes) per sequence")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--steps", type=int, default=None, help="default 60 (--accuracy: 300)")
+    p.add_argument("--eval-every", type=int, default=None, help="default 10 (--accuracy: 20)")
+    p.add_argument("--eval-rows", type=int, default=None,
+                   help="held-out sequences per evaluation (default 4 x --batch; --accuracy: 256)")
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--overlap", choices=("auto", "none", "backward", "backward_publish"),
@@ -199,10 +218,27 @@ def parse_args():
                    help="backward: each param's Adam update starts as soon as its grad is final "
                    "(OffloadAdamW(overlap=...)); auto (default): backward_publish on a GPU (it "
                    "frees the offloaded weights' grads early), none on the CPU")
+    p.add_argument("--state-dtype", choices=STATE_DTYPES, default=None,
+                   help="how the Adam moments are stored: fp32 (default), bf16 or int8 "
+                   "(OffloadAdamW(state_dtype=...), cpu mode)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="train the same model once per state dtype (fp32, bf16, int8) and "
+                   "compare their held-out loss curves")
     p.add_argument("--verify", action="store_true")
     p.add_argument("--out", default="tierflow-torch")
     args = p.parse_args()
-    for name in ("layers", "width", "context", "batch", "steps", "eval_every"):
+    if args.accuracy and args.verify:
+        p.error("--accuracy and --verify are separate runs")
+    if args.accuracy and args.state_dtype is not None:
+        p.error("--accuracy trains with every --state-dtype: give one or the other")
+    args.state_dtype = args.state_dtype or "fp32"
+    if args.steps is None:
+        args.steps = 300 if args.accuracy else 60
+    if args.eval_every is None:
+        args.eval_every = 20 if args.accuracy else 10
+    if args.eval_rows is None:
+        args.eval_rows = 256 if args.accuracy else 4 * args.batch
+    for name in ("layers", "width", "context", "batch", "steps", "eval_every", "eval_rows"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, not {getattr(args, name)}")
     if args.window < 0:
@@ -219,6 +255,63 @@ def parse_args():
     return args
 
 
+def accuracy(args, device, data, files):
+    """--accuracy: the same model, seed and data trained once per state dtype; the held-out
+    curves as a table, in report.html (one plot) and in accuracy.json."""
+    print(f"tierflow torch accuracy: a {args.layers}-block decoder, width {args.width}, on "
+          f"{device}, {args.steps} steps per state dtype ({', '.join(STATE_DTYPES)}), held-out "
+          f"loss every {args.eval_every} steps over {args.eval_rows} sequences of "
+          f"{args.context} bytes ({files} files)", flush=True)
+    curves, runs = {}, {}
+    for dtype in STATE_DTYPES:
+        torch.manual_seed(0)  # the same initial weights for each
+        model = Decoder(args.layers, args.width, args.context).to(device)
+        opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0,
+                           overlap=args.overlap, state_dtype=dtype)
+        start = time.perf_counter()
+        _, steps = train(model, opt, data, args, device)
+        seconds = time.perf_counter() - start
+        adam = opt.metrics()["adam"]
+        curves[dtype] = [(r["step"], r["val_loss"]) for r in steps if "val_loss" in r]
+        runs[dtype] = {"state_bytes": adam["state_bytes"], "params": adam["params"],
+                       "seconds": seconds, "steps": steps}
+        print(f"{dtype}: held-out {curves[dtype][0][1]:.4f} -> {curves[dtype][-1][1]:.4f}, "
+              f"{adam['state_bytes'] / adam['params']:.2f} B of state per param, "
+              f"{seconds:.0f} s", flush=True)
+    lines = ["step   " + "  ".join(f"{d:>7}" for d in STATE_DTYPES)
+             + "   int8/fp32   bf16/fp32"]
+    for k, (step, ref) in enumerate(curves["fp32"]):
+        values = [curves[d][k][1] for d in STATE_DTYPES]
+        lines.append(f"{step:5d}  " + "  ".join(f"{v:7.4f}" for v in values)
+                     + f"   {values[2] / ref:9.4f}   {values[1] / ref:9.4f}")
+    final = {d: curves[d][-1][1] for d in STATE_DTYPES}
+    ratio = final["int8"] / final["fp32"]
+    summary = [
+        f"held-out loss after {args.steps} steps: "
+        + ", ".join(f"{d} {final[d]:.4f}" for d in STATE_DTYPES),
+        f"int8 / fp32 final held-out loss {ratio:.4f} ({100 * (ratio - 1):+.2f} %; goal within "
+        f"1 %: {'met' if abs(ratio - 1) <= 0.01 else 'MISSED'}); bf16 / fp32 "
+        f"{final['bf16'] / final['fp32']:.4f}",
+        "Adam state per param: " + ", ".join(
+            f"{d} {runs[d]['state_bytes'] / runs[d]['params']:.2f} B" for d in STATE_DTYPES),
+    ]
+    for line in lines + summary:
+        print(line)
+    steps = runs["fp32"]["steps"]
+    for rec in steps:  # the tier chart: each state dtype's bytes of Adam state
+        rec["tiers"] = {f"Adam state, {d}": runs[d]["state_bytes"] for d in STATE_DTYPES}
+    with open(os.path.join(args.out, "accuracy.json"), "w") as f:
+        json.dump({"args": vars(args), "curves": curves, "final": final,
+                   "int8_over_fp32": ratio,
+                   "runs": {d: {k: v for k, v in r.items() if k != "steps"}
+                            for d, r in runs.items()}}, f, indent=1)
+    write_html(os.path.join(args.out, "report.html"),
+               f"tierflow: a {args.layers}-block decoder trained with fp32, bf16 and int8 Adam "
+               "moments", summary, steps, curves=curves)
+    print(f"files: {args.out}/report.html (the loss and time charts: the fp32 run), "
+          f"{args.out}/accuracy.json")
+
+
 def main():
     args = parse_args()
     torch.manual_seed(0)
@@ -227,6 +320,9 @@ def main():
         args.overlap = "backward_publish" if device == "cuda" else "none"
     train_text, val_text, files = corpus()
     data = (train_text, val_text)
+    if args.accuracy:
+        accuracy(args, device, data, files)
+        return
     model = Decoder(args.layers, args.width, args.context).to(device)
     plain = copy.deepcopy(model) if args.verify else None
 
@@ -234,7 +330,7 @@ def main():
     budget = (args.window + 1) * (block + 64 * 1024)  # slots are aligned: some slack
     handle = offload_parameters(model, window=args.window, hbm_budget=budget, trace=True)
     opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=0.01, max_grad_norm=1.0,
-                       overlap=args.overlap)
+                       overlap=args.overlap, state_dtype=args.state_dtype)
     weights = sum(q.numel() * q.element_size() for q in model.parameters())
     print(f"tierflow torch: a {args.layers}-block decoder, width {args.width}, on {device}, "
           f"learning {len(train_text) / 1e3:.0f} kB of Debian's licence texts ({files} files; "
@@ -255,7 +351,7 @@ def main():
 
     if args.verify:
         ref = OffloadAdamW(plain.parameters(), lr=args.lr, weight_decay=0.01,
-                           max_grad_norm=1.0, mode="cpu")
+                           max_grad_norm=1.0, mode="cpu", state_dtype=args.state_dtype)
         base = hbm_mark(device)
         ref_losses, ref_steps = train(plain, ref, data, args, device)
         if hbm_peak is not None:

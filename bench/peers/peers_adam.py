@@ -8,6 +8,8 @@ Run with the peers venv's python (bench/peers/make_venv.sh makes it; see README.
 
 Cases (--list; select with --cases by name or prefix):
   offload_adamw     tierflow.torch.OffloadAdamW(mode="cpu", threads=T)
+  offload_adamw_bf16  the same with state_dtype="bf16" (checked to 1e-2: its moments round)
+  offload_adamw_int8  the same with state_dtype="int8" (checked to 1e-2)
   deepspeed_cpu     deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)
   torch_foreach     torch.optim.AdamW(foreach=True)
   torch_fused       torch.optim.AdamW(fused=True), WAIVED where this torch has no CPU fused AdamW
@@ -84,11 +86,17 @@ def clipped(step, params, clip):
     return clip_then_step
 
 
-def make_offload_adamw(params, threads, clip):
+def make_offload_adamw(params, threads, clip, state_dtype="fp32"):
     from tierflow.torch import OffloadAdamW
     opt = OffloadAdamW(params, **HYPER, mode="cpu", threads=threads,
-                       max_grad_norm=MAX_GRAD_NORM if clip else None)
+                       max_grad_norm=MAX_GRAD_NORM if clip else None, state_dtype=state_dtype)
     return opt.step
+
+
+def make_offload_compressed(state_dtype):
+    def make(params, threads, clip):
+        return make_offload_adamw(params, threads, clip, state_dtype)
+    return make
 
 
 def make_deepspeed_cpu(params, threads, clip):
@@ -127,13 +135,18 @@ def waived_unless_cpu_fused():
 class Case:
     """One optimizer under test: make(params, threads, clip) returns its step()."""
 
-    def __init__(self, name, description, make, waived=lambda: None):
+    def __init__(self, name, description, make, waived=lambda: None, tolerance=CHECK_TOLERANCE):
         self.name, self.description, self.make, self.waived = name, description, make, waived
+        self.tolerance = tolerance  # of the check against torch's AdamW
 
 
 CASES = [
     Case(BASELINE, 'tierflow.torch.OffloadAdamW(mode="cpu", threads=T)', make_offload_adamw,
          waived_unless_imports("tierflow.torch")),
+    Case(BASELINE + "_bf16", 'OffloadAdamW(..., state_dtype="bf16")',
+         make_offload_compressed("bf16"), waived_unless_imports("tierflow.torch"), 1e-2),
+    Case(BASELINE + "_int8", 'OffloadAdamW(..., state_dtype="int8")',
+         make_offload_compressed("int8"), waived_unless_imports("tierflow.torch"), 1e-2),
     Case("deepspeed_cpu", "deepspeed.ops.adam.DeepSpeedCPUAdam(adamw_mode=True)",
          make_deepspeed_cpu, waived_unless_imports("deepspeed.ops.adam")),
     Case("torch_foreach", "torch.optim.AdamW(foreach=True)", make_torch(foreach=True)),
@@ -208,9 +221,9 @@ def prepare(cases, init, grads, threads, clip, steps):
             step()
         rel, update_rel = compare(params, reference, init)
         result.update(check_max_rel_diff=rel, check_update_rel_diff=update_rel)
-        if not rel <= CHECK_TOLERANCE:
+        if not rel <= case.tolerance:
             result.update(status="check_failed",
-                          reason="max rel diff %.3g > %g after %d steps" % (rel, CHECK_TOLERANCE,
+                          reason="max rel diff %.3g > %g after %d steps" % (rel, case.tolerance,
                                                                            steps))
         steppers[case.name] = (step, params)
     return results, steppers

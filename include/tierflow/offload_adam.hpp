@@ -121,10 +121,56 @@ struct adam_param {
   std::optional<std::size_t> weight{};
 };
 
+/** @brief How the Adam moments m and v are stored (docs/offload-adam.md, "Compressed state").
+ * Every kind updates in fp32: the moments are decoded, stepped exactly as fp32 state, and
+ * encoded again, the same bits in every kernel (the scalar reference defines them). */
+enum class adam_state_dtype {
+  f32,   ///< 4 + 4 B per param (the default: torch's AdamW's numbers)
+  bf16,  ///< 2 + 2 B: m and v rounded to bf16 (nearest even)
+  /** ~1 + 1 B (+ 8 B per 256): per block of 256 elements, 8-bit floating-point codes scaled
+   * by the block's largest value: m as sign + 4-bit exponent + 3-bit mantissa, sqrt(v) as
+   * 4-bit exponent + 4-bit mantissa (a positive v never encodes to 0). Params under
+   * int8_min_elements keep fp32 moments. */
+  int8
+};
+
+/** @brief `fp32`, `bf16`, `int8`. */
+[[nodiscard]] std::string_view to_string(adam_state_dtype dtype) noexcept;
+/** @brief The state dtype named @p text (`fp32` or `f32`, `bf16`, `int8`), or nullopt. */
+[[nodiscard]] std::optional<adam_state_dtype> parse_adam_state_dtype(
+    std::string_view text) noexcept;
+
+/** @brief Where a param's fp32 master weights are kept (docs/offload-adam.md, "The master in 16
+ * bits"). */
+enum class adam_master {
+  fp32,  ///< a separate fp32 copy (4 B per param), or the param itself when it is fp32 host memory
+  /** The low 16 bits of the fp32 master beside a bf16 param in host memory (2 B per param): the
+   * master is the param's bits (high half) and these, exactly, so it steps bit for bit as a
+   * separate fp32 master does. The param is the master rounded to nearest, ties away from zero (16
+   * bits cannot hold a ties-to-even rounding: at an exact tie that one is one bf16 ulp above, 1
+   * value in 65536). Applies in cpu mode without an overlap to bf16 params in host memory, a
+   * caller's or a session's tier copy (fp32 ones there keep an fp32 master); any other param is
+   * refused. An outside write to such a param changes the master's high half only: call
+   * refresh_master() before anything reads or steps the master (joined with the old remainder, a
+   * param written to +-0 can read as NaN). */
+  remainder
+};
+
+/** @brief `fp32`, `remainder`. */
+[[nodiscard]] std::string_view to_string(adam_master master) noexcept;
+/** @brief The master kind named @p text, or nullopt. */
+[[nodiscard]] std::optional<adam_master> parse_adam_master(std::string_view text) noexcept;
+
+/** @brief Params with fewer elements keep fp32 moments under int8 (as bitsandbytes does below
+ * 4096): a block's scale costs as much as a small param saves, and biases and norms are few. */
+inline constexpr std::size_t int8_min_elements = 4096;
+
 /** @brief Parameters sharing hyper-parameters and a step count. */
 struct adam_group {
   std::vector<adam_param> params;
   adam_hyper hyper;
+  /** How this group's moments are stored; nullopt: adam_options::state_dtype. */
+  std::optional<adam_state_dtype> state_dtype{};
 };
 
 /** @brief The step's kernel: `scalar`, `avx2`, `avx512`; chosen by CPU feature detection. */
@@ -178,6 +224,14 @@ struct adam_options {
    * `backward_publish` also writes (or sends up) each param as soon as its update is done, so
    * that step() has only the last updates and their params left. */
   adam_overlap overlap = adam_overlap::none;
+  /** How the moments are stored (a group may choose its own, adam_group::state_dtype). A
+   * compressed kind (bf16, int8) runs in either mode (streamed mode stages and sends the
+   * moments as stored: int8 moves half fp32's bytes over the link); `automatic` picks cpu. */
+  adam_state_dtype state_dtype = adam_state_dtype::f32;
+  /** Where the master weights are kept (adam_master): `remainder` needs mode cpu (or auto with
+   * host params), overlap none, and every param bf16 or fp32 in host memory (the caller's, or
+   * a session's tier copy). */
+  adam_master master = adam_master::fp32;
 };
 
 /**

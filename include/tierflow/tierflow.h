@@ -79,6 +79,10 @@ typedef struct tf_adam_hyper {
   double weight_decay;
   int decoupled;       /* 1: AdamW (decoupled weight decay); 0: Adam with L2 */
   int bias_correction; /* 1: on */
+  /* How this group's moments are stored: -1 (tf_adam_hyper_default): the options' state_dtype;
+   * else a tf_adam_options state_dtype value. Fixed at creation: tf_adam_set_hyper takes -1 or
+   * the group's own value. */
+  int state_dtype;
 } tf_adam_hyper;
 
 /* One parameter tensor on the device and the group it belongs to. */
@@ -119,6 +123,18 @@ typedef struct tf_adam_options {
    * (stored, or sent up for a device param; the caller must not read or write it from
    * tf_adam_grad_ready until the step returns). */
   int overlap;
+  /* How the Adam moments m and v are stored: 0 fp32 (the default, 8 B per param), 1 bf16
+   * (4 B), 2 int8 (8-bit codes with a scale per block of 256: ~2 B; params under 4096 elements
+   * keep fp32). The update runs in fp32 either way, in either mode (TF_ADAM_STREAMED sends the
+   * moments over the link as stored; TF_ADAM_AUTO picks cpu). See docs/offload-adam.md. */
+  int state_dtype;
+  /* Where the fp32 master weights are kept: 0 a separate fp32 copy (the default; an fp32 param
+   * in host memory is its own master); 1 remainder: a bf16 param in host memory holds the
+   * master's high 16 bits (rounded to nearest, ties away from zero) and 16 bits beside it the
+   * rest, exactly (2 B per param instead of 4). Needs the cpu step without an overlap and every
+   * param bf16 or fp32 in host memory (fp32 ones keep an fp32 master); anything else is
+   * refused at creation. */
+  int master;
 } tf_adam_options;
 
 typedef struct tf_device tf_device;

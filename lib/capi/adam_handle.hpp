@@ -26,6 +26,7 @@ struct tf_adam {
   const tierflow::topology* topo = nullptr;                // own_topo, or the session's
   std::vector<std::pair<std::size_t, std::size_t>> where;  // per param given: group, index
   std::vector<std::vector<std::size_t>> elements;          // per group, per param
+  std::vector<int> group_state_dtype;                      // per group, as given (-1: options')
   // One C call at a time (tf_adam_grad_ready shared): calls made of several C++ calls
   // (tf_adam_step_on, tf_adam_get_state) are refused whole, before the first changes anything.
   mutable tierflow::detail::call_gate gate;

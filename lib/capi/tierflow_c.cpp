@@ -41,6 +41,25 @@ tierflow::adam_hyper to_hyper(const tf_adam_hyper& h) {
   return out;
 }
 
+// A C state_dtype (0 fp32, 1 bf16, 2 int8) as the enum. @throws tierflow::error naming @p what
+tierflow::adam_state_dtype state_dtype_of(int value, const std::string& what) {
+  constexpr std::array dtypes{tierflow::adam_state_dtype::f32, tierflow::adam_state_dtype::bf16,
+                              tierflow::adam_state_dtype::int8};
+  if (value < 0 || value > 2) {
+    throw tierflow::error(what + " must be 0 (fp32), 1 (bf16) or 2 (int8), not " +
+                          std::to_string(value));
+  }
+  return dtypes[static_cast<std::size_t>(value)];
+}
+
+// A group's state_dtype: -1 (the options') or one of state_dtype_of's.
+void check_group_state_dtype(const tf_adam_hyper& h, std::size_t group) {
+  if (h.state_dtype != -1) {
+    (void)state_dtype_of(h.state_dtype,
+                         "hypers[" + std::to_string(group) + "].state_dtype (-1: the options')");
+  }
+}
+
 // Param @p index (in the order given to tf_adam_create): its group and index in the group.
 std::pair<std::size_t, std::size_t> param_at(const tf_adam* adam, std::size_t index) {
   if (index >= adam->where.size()) {
@@ -133,6 +152,14 @@ std::vector<adam_group> adam_groups(const tf_adam_param* params, std::size_t cou
   std::vector<adam_group> gs(groups);
   for (std::size_t g = 0; g < groups; ++g) {
     gs[g].hyper = to_hyper(hypers[g]);
+    check_group_state_dtype(hypers[g], g);
+    if (hypers[g].state_dtype != -1) {
+      gs[g].state_dtype = state_dtype_of(hypers[g].state_dtype, "hypers[g].state_dtype");
+    }
+  }
+  a.group_state_dtype.clear();
+  for (std::size_t g = 0; g < groups; ++g) {
+    a.group_state_dtype.push_back(hypers[g].state_dtype);
   }
   a.elements.resize(groups);
   for (std::size_t i = 0; i < count; ++i) {
@@ -193,6 +220,12 @@ adam_options adam_options_of(const tf_adam_options* options) {
   constexpr std::array overlaps{adam_overlap::none, adam_overlap::backward,
                                 adam_overlap::backward_publish};
   o.overlap = overlaps[static_cast<std::size_t>(options->overlap)];
+  o.state_dtype = state_dtype_of(options->state_dtype, "options->state_dtype");
+  if (options->master != 0 && options->master != 1) {
+    throw tierflow::error("options->master must be 0 (fp32) or 1 (remainder), not " +
+                          std::to_string(options->master));
+  }
+  o.master = options->master == 0 ? tierflow::adam_master::fp32 : tierflow::adam_master::remainder;
   return o;
 }
 
@@ -220,6 +253,7 @@ void tf_adam_hyper_default(tf_adam_hyper* hyper) {
   hyper->weight_decay = 0.01;  // torch.optim.AdamW's default
   hyper->decoupled = 1;
   hyper->bias_correction = 1;
+  hyper->state_dtype = -1;
 }
 
 void tf_adam_options_default(tf_adam_options* options) {
@@ -234,12 +268,15 @@ void tf_adam_options_default(tf_adam_options* options) {
   options->device_timeout_s = 0;
   options->placement = nullptr;
   options->overlap = 0;
+  options->state_dtype = 0;
+  options->master = 0;
 }
 
 tf_status tf_adam_check(const tf_adam_hyper* hyper, size_t group, const tf_adam_options* options) {
   return guarded("tf_adam_check", [&] {
     if (hyper != nullptr) {
       tierflow::detail::check_hyper(to_hyper(*hyper), "group " + std::to_string(group));
+      check_group_state_dtype(*hyper, group);
     }
     if (options != nullptr) {
       tierflow::adam_options o = tierflow::capi::adam_options_of(options);
@@ -331,6 +368,13 @@ tf_status tf_adam_set_hyper(tf_adam* adam, size_t group, const tf_adam_hyper* hy
     need(adam, "adam");
     const tierflow::detail::call_gate::exclusive hold(adam->gate, "tf_adam_set_hyper");
     need(hyper, "hyper");
+    if (group < adam->group_state_dtype.size() && hyper->state_dtype != -1 &&
+        hyper->state_dtype != adam->group_state_dtype[group]) {
+      throw tierflow::error("hyper->state_dtype is " + std::to_string(hyper->state_dtype) +
+                            ", group " + std::to_string(group) + " was made with " +
+                            std::to_string(adam->group_state_dtype[group]) +
+                            ": a group's state_dtype is fixed at creation (-1: keep it)");
+    }
     adam->opt->set_hyper(group, to_hyper(*hyper));
   });
 }

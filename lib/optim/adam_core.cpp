@@ -2,12 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
+#include "tierflow/detail/adam_master.hpp"
 #include "tierflow/log.hpp"
 
 namespace tierflow::detail {
+
+void read_master(const param_state& p, std::size_t offset, std::size_t n, float* out) noexcept {
+  if (p.master_split()) {
+    join_master(static_cast<const std::uint16_t*>(p.desc.param) + offset, p.master_low + offset,
+                out, n);
+  } else {
+    std::memcpy(out, p.master_p() + offset, n * sizeof(float));
+  }
+}
+
+void write_master(const param_state& p, std::size_t offset, std::size_t n,
+                  const float* in) noexcept {
+  if (p.master_split()) {
+    split_master(in, static_cast<std::uint16_t*>(p.desc.param) + offset, p.master_low + offset, n);
+  } else {
+    std::memcpy(p.master_p() + offset, in, n * sizeof(float));
+  }
+}
 
 double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
@@ -118,8 +138,14 @@ bool adam_core::read_grads_in_place(const chunk_ref& c) {
 
 void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars) {
   param_state& p = param_of(c);
-  adam_update(kernel, p.master_p() + c.offset, p.moments_m() + c.offset, p.moments_v() + c.offset,
-              host_grads(c), p.desc.dtype, c.count, scalars);
+  if (p.master_split()) {
+    adam_update_split(kernel, static_cast<std::uint16_t*>(p.desc.param) + c.offset,
+                      p.master_low + c.offset, p.moments_at, c.offset, host_grads(c), p.desc.dtype,
+                      c.count, scalars);
+    return;
+  }
+  adam_update_state(kernel, p.master_p() + c.offset, p.moments_at, c.offset, host_grads(c),
+                    p.desc.dtype, c.count, scalars);
 }
 
 void adam_core::count_step() {

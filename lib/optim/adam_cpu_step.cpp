@@ -269,14 +269,14 @@ void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalar
 void adam_cpu_step::upload_chunk(stream& h2d, const chunk_ref& c, std::size_t slot_hint) {
   const param_state& p = core_.param_of(c);
   const std::size_t eb = dtype_bytes(p.desc.dtype);
-  const float* master = p.master_p() + c.offset;
   void* dst = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
   if (p.desc.param_on_host) {
-    if (!p.master_is_param) {  // else the update wrote it
-      store_params(core_.kernel, master, dst, p.desc.dtype, c.count);
+    if (!p.update_writes_param()) {  // else the update wrote it
+      store_params(core_.kernel, p.master_p() + c.offset, dst, p.desc.dtype, c.count);
     }
     return;
   }
+  const float* master = p.master_p() + c.offset;
   if (p.desc.dtype == param_dtype::f32) {
     core_.dev.copy_async(dst, master, c.count * eb, copy_kind::h2d, h2d);
     return;

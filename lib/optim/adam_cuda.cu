@@ -70,24 +70,134 @@ __device__ void store(float value, void* dst, int dtype, std::size_t i) {
   }
 }
 
+// One element's AdamW step: the scalar reference's operations in its order.
+__device__ void step_one(float& p, float& m, float& v, float grad, const adam_scalars& s) {
+  float g = __fmul_rn(grad, s.grad_scale);
+  g = __fadd_rn(g, __fmul_rn(s.l2, p));
+  p = __fmul_rn(p, s.decay);
+  m = __fadd_rn(__fmul_rn(m, s.beta1), __fmul_rn(s.one_minus_beta1, g));
+  v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bc2_sqrt), s.eps);
+  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, m), denom));
+}
+
 __global__ void update_kernel(float* master, float* m, float* v, const void* grad, void* param,
                               int dtype, std::size_t n, adam_scalars s) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     float p = master[i];
-    float g = __fmul_rn(load(grad, dtype, i), s.grad_scale);
-    g = __fadd_rn(g, __fmul_rn(s.l2, p));
-    p = __fmul_rn(p, s.decay);
-    const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
-    const float vi =
-        __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
-    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, mi), denom));
+    float mi = m[i];
+    float vi = v[i];
+    step_one(p, mi, vi, load(grad, dtype, i), s);
     m[i] = mi;
     v[i] = vi;
     master[i] = p;
     store(p, param, dtype, i);
+  }
+}
+
+// bf16 moments: widened, stepped, rounded to nearest even (as the cpu step stores them).
+__global__ void update_bf16_kernel(float* master, unsigned short* m, unsigned short* v,
+                                   const void* grad, void* param, int dtype, std::size_t n,
+                                   adam_scalars s) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float p = master[i];
+    float mi = __uint_as_float(static_cast<unsigned>(m[i]) << 16);
+    float vi = __uint_as_float(static_cast<unsigned>(v[i]) << 16);
+    step_one(p, mi, vi, load(grad, dtype, i), s);
+    m[i] = float_to_bf16_bits(mi);
+    v[i] = float_to_bf16_bits(vi);
+    master[i] = p;
+    store(p, param, dtype, i);
+  }
+}
+
+// ---- int8 moments: the codes of tierflow/detail/adam_state.hpp (lib/optim/adam_state.cpp) ----
+
+constexpr int state_block = 256;  // elements per scale; one thread block steps one
+constexpr float m_top = 1.875f;
+constexpr float v_top = 1.9375f;
+constexpr float normal_floor = 0x1p-14f;
+constexpr unsigned rebias = 112u << 23;
+
+template <int K>
+__device__ float magnitude_value(unsigned code) {
+  if (code < (1u << K)) {
+    return __fmul_rn(static_cast<float>(code), K == 3 ? 0x1p-17f : 0x1p-18f);
+  }
+  return __uint_as_float((code << (23 - K)) + rebias);
+}
+
+// Nearest code (ties to the even code), at most the top one.
+template <int K>
+__device__ unsigned magnitude_code(float y) {
+  unsigned code = 0;
+  if (y < normal_floor) {
+    code = static_cast<unsigned>(__float2int_rn(__fmul_rn(y, K == 3 ? 0x1p17f : 0x1p18f)));
+  } else {
+    constexpr int shift = 23 - K;
+    const unsigned b = __float_as_uint(y) - rebias;
+    code = (b + ((1u << (shift - 1)) - 1u) + ((b >> shift) & 1u)) >> shift;
+  }
+  return min(code, (16u << K) - 1u);
+}
+
+// The block's largest value among its threads' @p x (every thread of the block calls it).
+__device__ float block_max(float x, float* room) {
+  room[threadIdx.x] = x;
+  __syncthreads();
+  for (int width = state_block / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width) {
+      room[threadIdx.x] = fmaxf(room[threadIdx.x], room[threadIdx.x + width]);
+    }
+    __syncthreads();
+  }
+  const float max = room[0];
+  __syncthreads();
+  return max;
+}
+
+__global__ void update_int8_kernel(float* master, unsigned char* m, unsigned char* v,
+                                   float* m_scale, float* v_scale, const void* grad, void* param,
+                                   int dtype, std::size_t n, adam_scalars s) {
+  __shared__ float room[state_block];
+  const std::size_t blocks = (n + state_block - 1) / state_block;
+  for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::size_t i = b * state_block + threadIdx.x;
+    const bool here = i < n;
+    float mi = 0.0f;
+    float root = 0.0f;
+    if (here) {
+      const unsigned mc = m[i];
+      const float magnitude = magnitude_value<3>(mc & 0x7fu);
+      mi = __fmul_rn((mc & 0x80u) != 0 ? -magnitude : magnitude, m_scale[b]);
+      const float sv = __fmul_rn(magnitude_value<4>(v[i]), v_scale[b]);
+      float vi = __fmul_rn(sv, sv);
+      float p = master[i];
+      step_one(p, mi, vi, load(grad, dtype, i), s);
+      master[i] = p;
+      store(p, param, dtype, i);
+      root = __fsqrt_rn(vi);
+    }
+    // Every scale is read above before any is written below.
+    const float m_max = block_max(here ? fabsf(mi) : 0.0f, room);
+    const float v_max = block_max(root, room);
+    const float m_inv = m_max > 0.0f ? __fdiv_rn(m_top, m_max) : 0.0f;
+    const float v_inv = v_max > 0.0f ? __fdiv_rn(v_top, v_max) : 0.0f;
+    if (threadIdx.x == 0) {
+      m_scale[b] = m_max > 0.0f ? __fdiv_rn(m_max, m_top) : 0.0f;
+      v_scale[b] = v_max > 0.0f ? __fdiv_rn(v_max, v_top) : 0.0f;
+    }
+    if (here) {
+      const float ym = __fmul_rn(mi, m_inv);
+      m[i] = static_cast<unsigned char>(magnitude_code<3>(fabsf(ym)) | (ym < 0.0f ? 0x80u : 0u));
+      const float yv = __fmul_rn(root, v_inv);
+      const unsigned code = magnitude_code<4>(yv);
+      v[i] = static_cast<unsigned char>(yv > 0.0f ? max(code, 1u) : code);
+    }
   }
 }
 
@@ -125,6 +235,29 @@ int launch_update(void* stream, float* master, float* m, float* v, const void* g
   const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
   update_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(master, m, v, grad,
                                                                            param, dtype, n, s);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_update_compressed(void* stream, float* master, int state_dtype, void* m, void* v,
+                             float* m_scale, float* v_scale, const void* grad, void* param,
+                             int dtype, std::size_t n, const adam_scalars& s) {
+  auto* on = static_cast<cudaStream_t>(stream);
+  if (state_dtype == 1) {
+    constexpr int threads = 256;
+    const std::size_t wanted = (n + threads - 1) / threads;
+    const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+    update_bf16_kernel<<<blocks, threads, 0, on>>>(master, static_cast<unsigned short*>(m),
+                                                   static_cast<unsigned short*>(v), grad, param,
+                                                   dtype, n, s);
+  } else if (state_dtype == 2) {
+    const std::size_t wanted = (n + state_block - 1) / state_block;
+    const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+    update_int8_kernel<<<blocks, state_block, 0, on>>>(master, static_cast<unsigned char*>(m),
+                                                       static_cast<unsigned char*>(v), m_scale,
+                                                       v_scale, grad, param, dtype, n, s);
+  } else {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

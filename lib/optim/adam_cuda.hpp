@@ -14,6 +14,13 @@ constexpr int sum_blocks = 64;
 int launch_update(void* stream, float* master, float* m, float* v, const void* grad, void* param,
                   int dtype, std::size_t n, const adam_scalars& s);
 
+/** The update over compressed moments (@p state_dtype 1 bf16, 2 int8: adam_state_dtype's
+ *  order): m, v (and for int8 the scales of its blocks of 256, from the chunk's first) in
+ *  device memory; decode, the update, encode, in one pass: the cpu step's bytes. */
+int launch_update_compressed(void* stream, float* master, int state_dtype, void* m, void* v,
+                             float* m_scale, float* v_scale, const void* grad, void* param,
+                             int dtype, std::size_t n, const adam_scalars& s);
+
 /** Writes sum_blocks partial sums of g² to @p out (device memory). */
 int launch_sum_squares(void* stream, const void* grad, int dtype, std::size_t n, double* out);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/adam_state.hpp"
 #include "tierflow/detail/device_adam.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/offload_adam.hpp"
@@ -15,20 +16,22 @@
 
 namespace tierflow::detail {
 
-/** One parameter's state: fp32 master weights and the moments m and v, each array staggered
- *  in its allocation (tierflow/detail/stagger.hpp) so that no two that a step streams together
- *  alias. */
+/** One parameter's state: fp32 master weights and the moments m and v (fp32, or compressed:
+ *  tierflow/detail/adam_state.hpp), each array staggered in its allocation
+ *  (tierflow/detail/stagger.hpp) so that no two that a step streams together alias. */
 struct param_state {
   adam_param desc;
   tier_allocation master;   // elements floats (+ stagger slack); empty when master_is_param
-  tier_allocation moments;  // exp_avg, then exp_avg_sq (each + stagger slack)
+  tier_allocation moments;  // exp_avg, exp_avg_sq, then their scales (each + stagger slack)
   float* master_at = nullptr;
-  float* m_at = nullptr;
-  float* v_at = nullptr;
+  state_arrays moments_at;  // where m, v (and their scales) are, and their dtype
   // An fp32 param in host memory, stepped in cpu mode without an overlap, is its own master
   // (as torch's AdamW steps it): 8 B of state per param, and no copy of the param after the
   // update.
   bool master_is_param = false;
+  // adam_master::remainder: the master's low 16 bits (tierflow/detail/adam_master.hpp); the
+  // bf16 param, in host memory, holds the high ones, and master_at is null.
+  std::uint16_t* master_low = nullptr;
   // desc.grad is host memory the step reads in place (cpu mode): no copy into grads_host.
   bool grad_on_host = false;
   // It has room in grads_host. A param in the caller's host memory stepped without an overlap
@@ -38,12 +41,24 @@ struct param_state {
   std::uint64_t steps = 0;      // steps applied to this param (t of its bias correction)
   bool active = true;           // it has a grad this step (else the step leaves it alone)
 
+  /** The fp32 master (null when it is split: read_master and write_master serve both). */
   [[nodiscard]] float* master_p() const noexcept { return master_at; }
-  [[nodiscard]] float* moments_m() const noexcept { return m_at; }
-  [[nodiscard]] float* moments_v() const noexcept { return v_at; }
+  [[nodiscard]] bool master_split() const noexcept { return master_low != nullptr; }
+  /** The update writes the param itself (it is its own master, or the master's high half). */
+  [[nodiscard]] bool update_writes_param() const noexcept {
+    return master_is_param || master_split();
+  }
+  [[nodiscard]] adam_state_dtype state_dtype() const noexcept { return moments_at.dtype; }
   /** The master weights' bytes (the param's own, when it is the master). */
   [[nodiscard]] std::size_t master_bytes() const noexcept { return desc.elements * sizeof(float); }
 };
+
+/** Elements [offset, offset + n) of @p p's master as fp32, split or not. */
+void read_master(const param_state& p, std::size_t offset, std::size_t n, float* out) noexcept;
+/** Stores @p in as elements [offset, offset + n) of @p p's master (a split one: into the param
+ *  and the remainders at once). */
+void write_master(const param_state& p, std::size_t offset, std::size_t n,
+                  const float* in) noexcept;
 
 struct group_state {
   adam_hyper hyper;

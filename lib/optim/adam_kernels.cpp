@@ -8,23 +8,12 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include "optim/adam_simd.hpp"
 #include "tierflow/error.hpp"
 
 namespace tierflow::detail {
 
 namespace {
-
-std::uint32_t bits_of(float value) noexcept {
-  std::uint32_t out = 0;
-  std::memcpy(&out, &value, sizeof out);
-  return out;
-}
-
-float float_of(std::uint32_t bits) noexcept {
-  float out = 0;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
 
 float load_one(const void* src, param_dtype dtype, std::size_t i) noexcept {
   switch (dtype) {
@@ -94,39 +83,7 @@ double combine_lanes(double* lanes) noexcept {
 
 // ---- AVX2 (+F16C) ---------------------------------------------------------------------------
 
-#define TIERFLOW_AVX2 __attribute__((target("avx2,f16c")))
-
-TIERFLOW_AVX2 __m256 load8(const void* src, param_dtype dtype, std::size_t i) noexcept {
-  switch (dtype) {
-    case param_dtype::f32:
-      return _mm256_loadu_ps(static_cast<const float*>(src) + i);
-    case param_dtype::bf16: {
-      const __m128i raw = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(src) + i));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-    }
-    case param_dtype::f16: {
-      const __m128i raw = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(src) + i));
-      return _mm256_cvtph_ps(raw);
-    }
-  }
-  return _mm256_setzero_ps();
-}
-
-// bf16 with round to nearest even; a NaN stays a quiet NaN (as float_to_bf16).
-TIERFLOW_AVX2 __m128i to_bf16_8(__m256 x) noexcept {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-  const __m256i out = _mm256_blendv_epi8(rounded, quiet, nan);
-  // 32 → 16 bits: pack within each 128-bit lane, then gather the two lanes' halves.
-  const __m256i packed = _mm256_packus_epi32(out, out);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
+#define TIERFLOW_AVX2 TIERFLOW_AVX2_TARGET
 
 TIERFLOW_AVX2 void store8(__m256 x, void* dst, param_dtype dtype, std::size_t i) noexcept {
   switch (dtype) {
@@ -146,28 +103,13 @@ TIERFLOW_AVX2 void store8(__m256 x, void* dst, param_dtype dtype, std::size_t i)
 
 TIERFLOW_AVX2 void update_avx2(float* p, float* m, float* v, const void* grad, param_dtype dtype,
                                std::size_t n, const adam_scalars& s) noexcept {
-  const __m256 grad_scale = _mm256_set1_ps(s.grad_scale);
-  const __m256 l2 = _mm256_set1_ps(s.l2);
-  const __m256 decay = _mm256_set1_ps(s.decay);
-  const __m256 beta1 = _mm256_set1_ps(s.beta1);
-  const __m256 omb1 = _mm256_set1_ps(s.one_minus_beta1);
-  const __m256 beta2 = _mm256_set1_ps(s.beta2);
-  const __m256 omb2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 bc2 = _mm256_set1_ps(s.bc2_sqrt);
-  const __m256 step = _mm256_set1_ps(s.neg_step_size);
-  const __m256 eps = _mm256_set1_ps(s.eps);
+  const avx2_scalars c = broadcast_avx2(s);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 g = _mm256_mul_ps(load8(grad, dtype, i), grad_scale);
     __m256 pi = _mm256_loadu_ps(p + i);
-    g = _mm256_add_ps(g, _mm256_mul_ps(l2, pi));
-    pi = _mm256_mul_ps(pi, decay);
-    const __m256 mi =
-        _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), beta1), _mm256_mul_ps(omb1, g));
-    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), beta2),
-                                    _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
-    pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
+    __m256 mi = _mm256_loadu_ps(m + i);
+    __m256 vi = _mm256_loadu_ps(v + i);
+    (void)adam_step8(c, load8(grad, dtype, i), pi, mi, vi);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(p + i, pi);

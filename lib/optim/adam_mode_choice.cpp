@@ -19,6 +19,13 @@ void choose_mode(adam_core& core) {
   }
   for (const auto& g : core.groups) {
     for (const auto& p : g.params) {
+      if (p.state_dtype() != adam_state_dtype::f32) {
+        core.mode = adam_mode::cpu;
+        core.mode_reason = "param '" + p.desc.name + "' has " +
+                           std::string(to_string(p.state_dtype())) +
+                           " moments, which the cpu step runs";
+        return;
+      }
       if (p.desc.param_on_host) {
         core.mode = adam_mode::cpu;
         core.mode_reason = "param '" + p.desc.name + "' lives in host memory";

@@ -73,6 +73,50 @@ std::optional<adam_overlap> parse_adam_overlap(std::string_view text) noexcept {
   return std::nullopt;
 }
 
+std::string_view to_string(adam_state_dtype dtype) noexcept {
+  switch (dtype) {
+    case adam_state_dtype::f32:
+      return "fp32";
+    case adam_state_dtype::bf16:
+      return "bf16";
+    case adam_state_dtype::int8:
+      return "int8";
+  }
+  return "unknown";
+}
+
+std::optional<adam_state_dtype> parse_adam_state_dtype(std::string_view text) noexcept {
+  if (text == "f32") {
+    return adam_state_dtype::f32;
+  }
+  for (adam_state_dtype dtype :
+       {adam_state_dtype::f32, adam_state_dtype::bf16, adam_state_dtype::int8}) {
+    if (text == to_string(dtype)) {
+      return dtype;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(adam_master master) noexcept {
+  switch (master) {
+    case adam_master::fp32:
+      return "fp32";
+    case adam_master::remainder:
+      return "remainder";
+  }
+  return "unknown";
+}
+
+std::optional<adam_master> parse_adam_master(std::string_view text) noexcept {
+  for (adam_master master : {adam_master::fp32, adam_master::remainder}) {
+    if (text == to_string(master)) {
+      return master;
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<adam_mode> parse_adam_mode(std::string_view text) noexcept {
   for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed, adam_mode::automatic}) {
     if (text == to_string(mode)) {

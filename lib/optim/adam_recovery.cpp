@@ -16,7 +16,7 @@ void upload_params(adam_core& core) {
     for (auto& p : g.params) {
       const std::size_t eb = dtype_bytes(p.desc.dtype);
       if (p.desc.param_on_host) {
-        if (!p.master_is_param) {
+        if (!p.update_writes_param()) {
           store_params(core.kernel, p.master_p(), p.desc.param, p.desc.dtype, p.desc.elements);
         }
         continue;

@@ -23,8 +23,10 @@ void adam_speculation::allocate() {
   for (const auto& g : core_.groups) {
     for (const auto& p : g.params) {
       param_by_slot_.push_back(&p);
-      backup_.push_back(core_.placement.allocate(data_class::optimizer_state,
-                                                 3 * p.desc.elements * sizeof(float)));
+      // The master's floats, then the moments packed as they are stored (compressed or not).
+      backup_.push_back(core_.placement.allocate(
+          data_class::optimizer_state, p.desc.elements * sizeof(float) +
+                                           packed_moments_bytes(p.state_dtype(), p.desc.elements)));
       core_.totals.rollback_bytes += backup_.back().size();
     }
   }
@@ -102,12 +104,12 @@ void adam_speculation::speculate(std::size_t index, std::size_t worker) {
   if (!update_ || !std::isfinite(sum)) {
     return;  // the last step clipped (this one likely does too), or this one is skipped
   }
-  auto* backup = static_cast<float*>(backup_[c.slot].data());
+  auto* backup = static_cast<unsigned char*>(backup_[c.slot].data());
   const std::size_t n = p.desc.elements;
-  const std::size_t bytes = c.count * sizeof(float);
-  std::memcpy(backup + c.offset, p.master_p() + c.offset, bytes);
-  std::memcpy(backup + n + c.offset, p.moments_m() + c.offset, bytes);
-  std::memcpy(backup + 2 * n + c.offset, p.moments_v() + c.offset, bytes);
+  std::memcpy(backup + c.offset * sizeof(float), p.master_p() + c.offset, c.count * sizeof(float));
+  for (const state_piece& piece : state_pieces(p.moments_at, n, c.offset, c.count)) {
+    std::memcpy(backup + n * sizeof(float) + piece.packed_offset, piece.at, piece.bytes);
+  }
   core_.update_on_host(c, scalars_[c.slot]);
   updated_[index] = 1;
   if (core_.options.overlap == adam_overlap::backward_publish && announced_[index] == 1) {
@@ -149,12 +151,12 @@ void adam_speculation::settle_uploads() noexcept {
 void adam_speculation::restore(std::size_t index, bool republish) noexcept {
   const chunk_ref& c = core_.chunks[index];
   const param_state& p = *param_by_slot_[c.slot];
-  const auto* backup = static_cast<const float*>(backup_[c.slot].data());
+  const auto* backup = static_cast<const unsigned char*>(backup_[c.slot].data());
   const std::size_t n = p.desc.elements;
-  const std::size_t bytes = c.count * sizeof(float);
-  std::memcpy(p.master_p() + c.offset, backup + c.offset, bytes);
-  std::memcpy(p.moments_m() + c.offset, backup + n + c.offset, bytes);
-  std::memcpy(p.moments_v() + c.offset, backup + 2 * n + c.offset, bytes);
+  std::memcpy(p.master_p() + c.offset, backup + c.offset * sizeof(float), c.count * sizeof(float));
+  for (const state_piece& piece : state_pieces(p.moments_at, n, c.offset, c.count)) {
+    std::memcpy(piece.at, backup + n * sizeof(float) + piece.packed_offset, piece.bytes);
+  }
   if (published_[index] != 0 && republish) {
     try {
       publish(c, p, index);  // the params as they were: derived from the restored master weights

@@ -31,7 +31,8 @@ class adam_speculation {
   adam_speculation(const adam_speculation&) = delete;
   adam_speculation& operator=(const adam_speculation&) = delete;
 
-  /** Allocates the backups (3 floats per element, in the tiers) and sets rollback_bytes. */
+  /** Allocates the backups (the master and the moments as stored: 12 B per element for fp32
+   *  moments, 8 bf16, ~6 int8; in the tiers) and sets rollback_bytes. */
   void allocate();
   /** How a device param's chunk goes up (chunk, ring slot hint); set by the cpu step. */
   void set_uploader(std::function<void(const chunk_ref&, std::size_t)> upload) {

@@ -15,17 +15,22 @@ namespace tierflow::detail {
 
 void adam_streamed_step::build() {
   schedule_plan plan;
+  // A chunk's master, m and v (and int8's scales) as stored: compressed moments cross the link
+  // compressed.
+  static constexpr const char* piece_names[] = {".master", ".exp_avg", ".exp_avg_sq",
+                                                ".exp_avg.scale", ".exp_avg_sq.scale"};
   for (const auto& c : core_.chunks) {
-    param_state& p = core_.param_of(c);
-    const std::size_t bytes = c.count * sizeof(float);
+    const param_state& p = core_.param_of(c);
     const std::string base =
         p.desc.name + "#" + std::to_string(c.offset / core_.options.chunk_elements);
-    std::array<buffer_id, 3> ids{};
-    ids[0] = plan.add_buffer({base + ".master", p.master_p() + c.offset, bytes, false, true});
-    ids[1] = plan.add_buffer({base + ".exp_avg", p.moments_m() + c.offset, bytes, false, true});
-    ids[2] = plan.add_buffer({base + ".exp_avg_sq", p.moments_v() + c.offset, bytes, false, true});
-    plan.add_step({base, {}, {ids[0], ids[1], ids[2]}});
-    chunk_buffers_.push_back(ids);
+    std::vector<buffer_id> ids;
+    const state_piece_list pieces = chunk_pieces(p, c);
+    for (std::size_t i = 0; i < pieces.count; ++i) {
+      const state_piece& piece = pieces.items[i];
+      ids.push_back(plan.add_buffer({base + piece_names[i], piece.at, piece.bytes, false, true}));
+    }
+    plan.add_step({base, {}, ids});
+    chunk_buffers_.push_back(std::move(ids));
   }
   const adam_options& options = core_.options;
   scheduler_options so;
@@ -120,18 +125,27 @@ void adam_streamed_step::stream_chunk(const chunk_ref& c, const std::vector<adam
   acquired = c.index;
   param_state& p = core_.param_of(c);
   const std::size_t eb = dtype_bytes(p.desc.dtype);
-  auto* master = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][0]));
-  auto* m = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][1]));
-  auto* v = static_cast<float*>(staged.pointer(chunk_buffers_[c.index][2]));
+  // The chunk's pieces staged in HBM, in chunk_pieces' order.
+  state_piece_list pieces = chunk_pieces(p, c);
+  auto& in_hbm = pieces.items;
+  const std::vector<buffer_id>& ids = chunk_buffers_[c.index];
+  for (std::size_t i = 0; i < pieces.count; ++i) {
+    in_hbm[i].at = static_cast<unsigned char*>(staged.pointer(ids[i]));
+  }
+  auto* master = reinterpret_cast<float*>(in_hbm[0].at);
+  const bool scaled = pieces.count > 3;
+  const state_arrays moments{p.state_dtype(), in_hbm[1].at, in_hbm[2].at,
+                             scaled ? reinterpret_cast<float*>(in_hbm[3].at) : nullptr,
+                             scaled ? reinterpret_cast<float*>(in_hbm[4].at) : nullptr};
   const void* grad =
       p.active ? static_cast<const unsigned char*>(p.desc.grad) + c.offset * eb : nullptr;
   void* param = static_cast<unsigned char*>(p.desc.param) + c.offset * eb;
-  undo_.save(c, staged.compute(), master, m, v);
+  undo_.save(c, staged.compute(), pieces);
   // A param without a grad this step streams through unchanged (its undo copy and write-back
   // hold what it held), so that recovery treats every chunk alike.
   if (p.active) {
-    device_side_->update(staged.compute(), master, m, v, grad, param, p.desc.dtype, c.count,
-                         scalars[c.slot]);
+    device_side_->update_state(staged.compute(), master, moments, grad, param, p.desc.dtype,
+                               c.count, scalars[c.slot]);
   }
   acquired.reset();
   core_.scheduler->release(c.index, true);

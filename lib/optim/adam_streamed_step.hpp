@@ -35,7 +35,8 @@ class adam_streamed_step {
                             std::optional<std::size_t> acquired, const std::string& failure);
 
   adam_core& core_;
-  std::vector<std::array<buffer_id, 3>> chunk_buffers_;  // master, m, v
+  // Per chunk: its master's buffer, then its moments' (m, v and for int8 their scales).
+  std::vector<std::vector<buffer_id>> chunk_buffers_;
   std::unique_ptr<device_adam> device_side_;
   hbm_undo_ring undo_;
   streamed_recovery recovery_;

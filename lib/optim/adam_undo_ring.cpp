@@ -10,11 +10,27 @@ hbm_undo_ring::~hbm_undo_ring() {
   }
 }
 
+state_piece_list chunk_pieces(const param_state& p, const chunk_ref& c) {
+  state_piece_list out;
+  out.items[0] = {reinterpret_cast<unsigned char*>(p.master_p() + c.offset), 0,
+                  c.count * sizeof(float)};
+  std::size_t at = out.items[0].bytes;
+  out.count = 1;
+  for (const state_piece& piece : state_pieces(p.moments_at, p.desc.elements, c.offset, c.count)) {
+    out.items[out.count++] = {piece.at, at, piece.bytes};
+    at += piece.bytes;
+  }
+  return out;
+}
+
 void hbm_undo_ring::allocate(std::size_t slots) {
   for (const auto& c : core_.chunks) {
-    largest_chunk_ = std::max(largest_chunk_, c.count);
+    const param_state& p = core_.param_of(c);
+    const std::size_t bytes =
+        c.count * sizeof(float) + packed_moments_bytes(p.state_dtype(), c.count);
+    slot_bytes_ = std::max(slot_bytes_, bytes);
   }
-  bytes_ = slots * 3 * largest_chunk_ * sizeof(float);
+  bytes_ = slots * slot_bytes_;
   hbm_ = core_.dev.memory().allocate(bytes_);
   core_.totals.hbm_undo_bytes = bytes_;
   for (std::size_t i = 0; i < slots; ++i) {
@@ -30,14 +46,12 @@ void hbm_undo_ring::clear() {
 // Enqueues the snapshot of chunk @p c's staged pre-step state (@p master, @p m, @p v in HBM)
 // into its undo slot on @p on, the stream its kernel runs on: ordered after the fetch and
 // before the kernel without a host wait. The caller made sure the slot is free.
-void hbm_undo_ring::save(const chunk_ref& c, stream& on, const float* master, const float* m,
-                         const float* v) {
+void hbm_undo_ring::save(const chunk_ref& c, stream& on, const state_piece_list& pieces) {
   const std::size_t index = c.index % chunk_.size();
-  float* out = slot(index);
-  const std::size_t bytes = c.count * sizeof(float);
-  core_.dev.copy_async(out, master, bytes, copy_kind::d2d, on);
-  core_.dev.copy_async(out + largest_chunk_, m, bytes, copy_kind::d2d, on);
-  core_.dev.copy_async(out + 2 * largest_chunk_, v, bytes, copy_kind::d2d, on);
+  unsigned char* out = slot(index);
+  for (const state_piece& piece : pieces) {
+    core_.dev.copy_async(out + piece.packed_offset, piece.at, piece.bytes, copy_kind::d2d, on);
+  }
   on.record(*events_[index]);
   chunk_[index] = c.index;
 }
@@ -72,14 +86,10 @@ bool hbm_undo_ring::restore(const std::vector<std::pair<std::size_t, std::size_t
   try {
     for (const auto& [index, at] : restore) {
       const chunk_ref& c = core_.chunks[index];
-      const param_state& p = core_.param_of(c);
-      const float* in = slot(at);
-      const std::size_t bytes = c.count * sizeof(float);
-      core_.dev.copy_async(p.master_p() + c.offset, in, bytes, copy_kind::d2h, d2h);
-      core_.dev.copy_async(p.moments_m() + c.offset, in + largest_chunk_, bytes, copy_kind::d2h,
-                           d2h);
-      core_.dev.copy_async(p.moments_v() + c.offset, in + 2 * largest_chunk_, bytes, copy_kind::d2h,
-                           d2h);
+      const unsigned char* in = slot(at);
+      for (const state_piece& piece : chunk_pieces(core_.param_of(c), c)) {
+        core_.dev.copy_async(piece.at, in + piece.packed_offset, piece.bytes, copy_kind::d2h, d2h);
+      }
     }
     d2h.synchronize();
   } catch (const device_error& e) {

@@ -1,8 +1,9 @@
 #pragma once
 // streamed mode's undo ring (private to lib/optim), in HBM beside the scheduler's staging
-// budget (one allocation): each slot holds one chunk's pre-step master, m and v (3 × largest
-// chunk floats), copied from its staging on the compute stream before its kernel; an event
-// per slot is recorded after the copies (docs/reliability.md, streamed mode).
+// budget (one allocation): each slot holds one chunk's pre-step master and moments as stored
+// (fp32: 3 × its floats; compressed: the master, then m, v and their scales as stored), copied
+// from its staging on the compute stream before its kernel; an event per slot is recorded after
+// the copies (docs/reliability.md, streamed mode).
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -12,6 +13,10 @@
 #include "optim/adam_core.hpp"
 
 namespace tierflow::detail {
+
+/** Chunk @p c's master and moments where @p p keeps them (the tier copy), each piece's bytes
+ *  and place in a packed copy of the chunk: the master, then state_pieces' order. */
+state_piece_list chunk_pieces(const param_state& p, const chunk_ref& c);
 
 class hbm_undo_ring {
  public:
@@ -30,8 +35,9 @@ class hbm_undo_ring {
   [[nodiscard]] std::size_t previous(std::size_t index) const {
     return chunk_[index % chunk_.size()];
   }
-  /** Enqueues the snapshot of chunk @p c's staged state into its slot (see the .cpp). */
-  void save(const chunk_ref& c, stream& on, const float* master, const float* m, const float* v);
+  /** Enqueues the snapshot of chunk @p c's staged state into its slot (see the .cpp):
+   *  @p pieces its master and moments in HBM, in chunk_pieces' order. */
+  void save(const chunk_ref& c, stream& on, const state_piece_list& pieces);
   /** (chunk, slot) of each chunk not in @p done whose snapshot ran (its event fired). */
   [[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> restorable(
       const std::vector<char>& done) const;
@@ -41,14 +47,14 @@ class hbm_undo_ring {
                std::string& failure);
 
  private:
-  [[nodiscard]] float* slot(std::size_t slot) const {
-    return static_cast<float*>(hbm_) + slot * 3 * largest_chunk_;
+  [[nodiscard]] unsigned char* slot(std::size_t slot) const {
+    return static_cast<unsigned char*>(hbm_) + slot * slot_bytes_;
   }
 
   adam_core& core_;
   void* hbm_ = nullptr;
   std::size_t bytes_ = 0;
-  std::size_t largest_chunk_ = 0;
+  std::size_t slot_bytes_ = 0;  // the largest chunk's master and moments
   std::vector<std::unique_ptr<event>> events_;
   std::vector<std::size_t> chunk_;  // the chunk in each slot this step (none: chunks.size())
 };

@@ -10,6 +10,7 @@
 
 #include "optim/adam_core.hpp"
 #include "optim/adam_internal.hpp"
+#include "tierflow/detail/adam_state.hpp"
 #include "tierflow/error.hpp"
 #include "tierflow/offload_adam.hpp"
 
@@ -103,8 +104,38 @@ void check_options(adam_options& options, const std::vector<adam_group>& in) {
       largest = std::max(largest, p.elements);
     }
   }
+  // int8 moments have a scale per block of state_block elements: a chunk holds whole blocks.
+  const bool int8 = std::any_of(in.begin(), in.end(), [&](const adam_group& g) {
+    return g.state_dtype.value_or(options.state_dtype) == adam_state_dtype::int8;
+  });
+  if (int8 && options.chunk_elements % state_block != 0) {
+    options.chunk_elements = std::min(options.chunk_elements, largest);
+    options.chunk_elements += (state_block - options.chunk_elements % state_block) % state_block;
+  }
   if (largest > 0) {
     options.chunk_elements = std::min(options.chunk_elements, largest);
+  }
+  if (options.master != adam_master::fp32 && options.master != adam_master::remainder) {
+    throw error("offload_adam: options.master is not an adam_master");
+  }
+  if (options.master == adam_master::remainder && options.mode == adam_mode::streamed) {
+    throw error(
+        "offload_adam: master 'remainder' needs the cpu step (the params in host memory, "
+        "written in place); mode streamed keeps them on the device: use mode cpu or auto");
+  }
+  if (options.master == adam_master::remainder && options.overlap != adam_overlap::none) {
+    throw error("offload_adam: master 'remainder' with overlap " +
+                std::string(to_string(options.overlap)) +
+                ": not built (an overlap updates ahead of step() and keeps an undo copy of the "
+                "master, and a split master is the param itself); use overlap none or master "
+                "'fp32'");
+  }
+  for (std::size_t gi = 0; gi < in.size(); ++gi) {
+    const adam_state_dtype dtype = in[gi].state_dtype.value_or(options.state_dtype);
+    if (dtype != adam_state_dtype::f32 && dtype != adam_state_dtype::bf16 &&
+        dtype != adam_state_dtype::int8) {
+      throw error("offload_adam: group " + std::to_string(gi) + ": unknown state_dtype");
+    }
   }
 }
 

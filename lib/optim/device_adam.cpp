@@ -38,6 +38,15 @@ class emulated_device_adam final : public device_adam {
     });
   }
 
+  void update_state(stream& on, float* master, const state_arrays& moments, const void* grad,
+                    void* param, param_dtype dtype, std::size_t n,
+                    const adam_scalars& scalars) override {
+    on.host_callback([=, kernel = kernel_] {
+      adam_update_state(kernel, master, moments, 0, grad, dtype, n, scalars);
+      store_params(kernel, master, param, dtype, n);
+    });
+  }
+
  private:
   adam_kernel kernel_;
   std::shared_ptr<std::vector<double>> sums_;  // shared with callbacks still queued

@@ -55,6 +55,20 @@ class cuda_device_adam final : public device_adam {
         handle(on), master, m, v, grad, param, static_cast<int>(dtype), n, scalars)));
   }
 
+  void update_state(stream& on, float* master, const state_arrays& moments, const void* grad,
+                    void* param, param_dtype dtype, std::size_t n,
+                    const adam_scalars& scalars) override {
+    if (moments.dtype == adam_state_dtype::f32) {
+      update(on, master, static_cast<float*>(moments.m), static_cast<float*>(moments.v), grad,
+             param, dtype, n, scalars);
+      return;
+    }
+    TIERFLOW_CUDA_TRY(cudaSetDevice(index_));
+    TIERFLOW_CUDA_TRY(static_cast<cudaError_t>(cuda_adam::launch_update_compressed(
+        handle(on), master, static_cast<int>(moments.dtype), moments.m, moments.v, moments.m_scale,
+        moments.v_scale, grad, param, static_cast<int>(dtype), n, scalars)));
+  }
+
  private:
   static void* handle(stream& on) {
     void* h = cuda_stream_handle(on);

@@ -36,7 +36,7 @@
 #include "optim/adam_streamed_step.hpp"
 #include "optim/offload_adam_impl.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
-#include "tierflow/detail/stagger.hpp"
+#include "tierflow/detail/adam_state.hpp"
 #include "tierflow/log.hpp"
 #include "tierflow/metrics.hpp"
 #include "tierflow/where.hpp"
@@ -47,28 +47,6 @@ using detail::chunk_ref;
 using detail::clock_type;
 using detail::param_state;
 using detail::seconds_since;
-
-namespace {
-
-// The node holding most of [p, p + bytes), or -1 when unknown (not faulted in, no NUMA).
-int node_of(const void* p, std::size_t bytes) {
-  try {
-    const page_residency r = where(p, bytes);
-    int best = -1;
-    std::size_t most = 0;
-    for (const auto& [node, pages] : r.pages_on_node) {
-      if (pages > most) {
-        best = node;
-        most = pages;
-      }
-    }
-    return best;
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
-}  // namespace
 
 void offload_adam::impl::validate(const std::vector<adam_group>& in) {
   const adam_options& options = core.options;
@@ -121,34 +99,6 @@ void offload_adam::impl::validate(const std::vector<adam_group>& in) {
   detail::check_options(core.options, in);
 }
 
-namespace {
-
-// Bytes beyond an array of @p bytes for its stagger (none for a small one).
-std::size_t stagger_slack_for(std::size_t bytes) {
-  return bytes >= detail::stagger_min_bytes ? detail::stagger_slack : 0;
-}
-
-// Where an array of @p bytes starts in memory at @p base that has its stagger slack after it.
-float* staggered(void* base, std::size_t bytes, std::vector<std::uintptr_t>& apart) {
-  const std::size_t offset = stagger_slack_for(bytes) > 0 ? detail::stagger_offset(base, apart) : 0;
-  return reinterpret_cast<float*>(static_cast<unsigned char*>(base) + offset);
-}
-
-// The addresses a step streams beside chunk 0 of @p p's grads: its param and its state.
-std::vector<std::uintptr_t> streamed_with(const detail::param_state& p) {
-  return {reinterpret_cast<std::uintptr_t>(p.desc.param),
-          reinterpret_cast<std::uintptr_t>(p.master_p()),
-          reinterpret_cast<std::uintptr_t>(p.moments_m()),
-          reinterpret_cast<std::uintptr_t>(p.moments_v())};
-}
-
-// @p p's room in the host grads buffer, bytes (64-aligned; none when it has none).
-std::size_t grads_span(const detail::param_state& p) {
-  return p.grads_staged ? (p.desc.elements * dtype_bytes(p.desc.dtype) + 63) / 64 * 64 : 0;
-}
-
-}  // namespace
-
 void offload_adam::impl::check_grad(const detail::param_state& p, const void* grad) const {
   if (grad != nullptr && !p.grads_staged && !in_host_memory(grad)) {
     throw error("offload_adam: '" + p.desc.name +
@@ -160,109 +110,6 @@ void offload_adam::impl::check_grad(const detail::param_state& p, const void* gr
 
 bool offload_adam::impl::in_host_memory(const void* address) const {
   return !core.dev.is_device_memory(address);
-}
-
-void offload_adam::impl::allocate_state(std::vector<adam_group>& in) {
-  // cpu mode for sure: asked for, or automatic with a param in host memory (choose_mode then
-  // picks it). Only then is an fp32 param in host memory its own master.
-  bool any_on_host = false;
-  for (const auto& g : in) {
-    for (const auto& d : g.params) {
-      any_on_host = any_on_host || d.param_on_host || in_host_memory(d.param);
-    }
-  }
-  const bool cpu_mode = core.options.mode == adam_mode::cpu ||
-                        (core.options.mode == adam_mode::automatic && any_on_host);
-  std::size_t grad_bytes = 0;
-  for (std::size_t gi = 0; gi < in.size(); ++gi) {
-    detail::group_state g;
-    g.hyper = in[gi].hyper;
-    for (std::size_t pi = 0; pi < in[gi].params.size(); ++pi) {
-      adam_param& desc = in[gi].params[pi];
-      if (desc.name.empty()) {
-        desc.name = "g" + std::to_string(gi) + ".p" + std::to_string(pi);
-      }
-      param_state p;
-      p.desc = desc;
-      p.active = desc.grad != nullptr;  // none yet: left alone until set_grad gives one
-      const bool own_host = !desc.param_on_host && in_host_memory(desc.param);
-      // Only the caller's own host memory (a CPU tensor): a tier copy marked param_on_host
-      // (a session's weight) keeps a master of its own, where master_params is placed.
-      p.master_is_param = cpu_mode && core.options.overlap == adam_overlap::none &&
-                          desc.dtype == param_dtype::f32 && own_host;
-      p.grads_staged = !(cpu_mode && core.options.overlap == adam_overlap::none && own_host);
-      check_grad(p, desc.grad);
-      p.grad_on_host = desc.grad != nullptr && in_host_memory(desc.grad);
-      const std::size_t bytes = desc.elements * sizeof(float);
-      const std::size_t span = bytes + stagger_slack_for(bytes);
-      std::vector<std::uintptr_t> apart{reinterpret_cast<std::uintptr_t>(desc.param)};
-      if (desc.grad != nullptr) {
-        apart.push_back(reinterpret_cast<std::uintptr_t>(desc.grad));
-      }
-      if (p.master_is_param) {
-        p.master_at = static_cast<float*>(desc.param);
-      } else {
-        p.master = core.placement.allocate(data_class::master_params, span);
-        p.master_at = staggered(p.master.data(), bytes, apart);
-      }
-      p.moments = core.placement.allocate(data_class::optimizer_state, 2 * span);
-      std::memset(p.moments.data(), 0, p.moments.size());
-      auto* moments = static_cast<unsigned char*>(p.moments.data());
-      p.m_at = staggered(moments, bytes, apart);
-      p.v_at = staggered(moments + span, bytes, apart);
-      const std::size_t grad_span = grads_span(p);
-      grad_bytes += grad_span + stagger_slack_for(grad_span);
-      core.total_elements += desc.elements;
-      core.totals.state_bytes += p.master.size() + p.moments.size();
-      g.params.push_back(std::move(p));
-    }
-    core.groups.push_back(std::move(g));
-  }
-  if (grad_bytes > 0) {  // none when every grad is read in place
-    core.grads_host = core.placement.allocate(data_class::grads, grad_bytes);
-    core.register_host(core.grads_host.data(), core.grads_host.size());
-  }
-  auto* grads = static_cast<unsigned char*>(core.grads_host.data());
-  std::size_t cursor = 0;
-  for (auto& g : core.groups) {
-    for (auto& p : g.params) {
-      const std::size_t grad_span = grads_span(p);
-      std::vector<std::uintptr_t> apart = streamed_with(p);
-      if (grad_span > 0) {
-        auto* at = reinterpret_cast<unsigned char*>(staggered(grads + cursor, grad_span, apart));
-        p.grad_offset = cursor + static_cast<std::size_t>(at - (grads + cursor));
-      }
-      cursor += grad_span + stagger_slack_for(grad_span);
-      if (!p.master_is_param) {
-        core.register_host(p.master.data(), p.master.size());
-      }
-      core.register_host(p.moments.data(), p.moments.size());
-    }
-  }
-}
-
-void offload_adam::impl::make_chunks() {
-  std::size_t slot = 0;
-  for (std::size_t gi = 0; gi < core.groups.size(); ++gi) {
-    for (std::size_t pi = 0; pi < core.groups[gi].params.size(); ++pi, ++slot) {
-      const param_state& p = core.groups[gi].params[pi];
-      for (std::size_t off = 0; off < p.desc.elements; off += core.options.chunk_elements) {
-        chunk_ref c;
-        c.group = gi;
-        c.param = pi;
-        c.offset = off;
-        c.count = std::min(core.options.chunk_elements, p.desc.elements - off);
-        c.index = core.chunks.size();
-        c.slot = slot;
-        c.node = node_of(p.moments_m() + off, c.count * sizeof(float));
-        core.chunks.push_back(c);
-      }
-    }
-  }
-  core.partial.assign(core.chunks.size(), 0.0);
-  core.grads_in_place.assign(core.chunks.size(), 0);
-  core.totals.chunks = core.chunks.size();
-  core.totals.params = core.total_elements;
 }
 
 void offload_adam::impl::read_params(const detail::param_state& p) {
@@ -287,7 +134,9 @@ void offload_adam::impl::read_params(const detail::param_state& p) {
       throw;
     }
   }
-  if (!p.master_is_param) {
+  if (p.master_split()) {  // the param's value, exactly: no remainder
+    std::memset(p.master_low, 0, p.desc.elements * sizeof(std::uint16_t));
+  } else if (!p.master_is_param) {
     detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host, p.desc.dtype, p.master_p(),
                         p.desc.elements);
   }
@@ -310,7 +159,9 @@ void offload_adam::impl::read_initial_params() {
   d2h.synchronize();
   for (auto& g : core.groups) {
     for (auto& p : g.params) {
-      if (!p.master_is_param) {
+      if (p.master_split()) {
+        std::memset(p.master_low, 0, p.desc.elements * sizeof(std::uint16_t));
+      } else if (!p.master_is_param) {
         detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host + p.grad_offset,
                             p.desc.dtype, p.master_p(), p.desc.elements);
       }
@@ -560,17 +411,15 @@ void offload_adam::set_state(std::size_t group, std::size_t param, const float* 
   check(exp_avg_sq, "exp_avg_sq", true);
   impl_->cancel_speculation();
   impl_->core.flush_state();
-  const std::size_t bytes = elements * sizeof(float);
   if (master != nullptr) {
-    std::memcpy(p.master_p(), master, bytes);
-    impl_->core.params_stale = true;
+    detail::write_master(p, 0, elements, master);
+    if (!p.master_split()) {  // a split master is the param already
+      impl_->core.params_stale = true;
+    }
   }
-  if (exp_avg != nullptr) {
-    std::memcpy(p.moments_m(), exp_avg, bytes);
-  }
-  if (exp_avg_sq != nullptr) {
-    std::memcpy(p.moments_v(), exp_avg_sq, bytes);
-  }
+  // Each moment given is encoded on its own (int8 scales m and v apart): the other one stays
+  // as stored, bit for bit.
+  detail::encode_moments(impl_->core.kernel, p.moments_at, 0, elements, exp_avg, exp_avg_sq);
   impl_->core.groups[group].params[param].steps = steps;
   auto& g = impl_->core.groups[group];
   g.steps = std::max(g.steps, steps);
@@ -673,8 +522,12 @@ page_residency offload_adam::state_residency(data_class cls) const {
 
 namespace {
 
-std::vector<float> copy_of(const float* p, std::size_t n) {
-  return {p, p + n};
+// Param @p p's moment m (@p second: v) as fp32, decoded from its dtype.
+std::vector<float> moment_of(const detail::param_state& p, bool second) {
+  std::vector<float> m(p.desc.elements);
+  std::vector<float> v(p.desc.elements);
+  detail::decode_moments(p.moments_at, 0, p.desc.elements, m.data(), v.data());
+  return second ? v : m;
 }
 
 }  // namespace
@@ -685,7 +538,9 @@ std::vector<float> offload_adam::master_weights(std::size_t group, std::size_t p
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
-  return copy_of(p.master_p(), p.desc.elements);
+  std::vector<float> out(p.desc.elements);
+  detail::read_master(p, 0, p.desc.elements, out.data());
+  return out;
 }
 
 std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) const {
@@ -694,7 +549,7 @@ std::vector<float> offload_adam::exp_avg(std::size_t group, std::size_t param) c
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
-  return copy_of(p.moments_m(), p.desc.elements);
+  return moment_of(p, false);
 }
 
 std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param) const {
@@ -703,7 +558,7 @@ std::vector<float> offload_adam::exp_avg_sq(std::size_t group, std::size_t param
   const auto& p = impl_->core.param_at(group, param);
   impl_->cancel_speculation();
   impl_->core.flush_state();
-  return copy_of(p.moments_v(), p.desc.elements);
+  return moment_of(p, true);
 }
 
 std::string adam_metrics::to_json() const {

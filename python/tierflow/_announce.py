@@ -49,6 +49,13 @@ class _Announcing:
         if (g is None or g.layout != torch.strided or g.dtype != shard.dtype
                 or g.shape != shard.shape or g.device != shard.device or not g.is_contiguous()):
             return  # step() checks it and says what is wrong
+        if _params.rewritten(p) or (_params.weight_of(p) is None
+                                    and _dtensor.version(p) != self._versions[i]):
+            # written since the optimizer last read it (an in-place write, load_state_dict):
+            # step() re-reads the master from it first, then updates it from this grad; an
+            # update started now would start from the old master (and backward_publish would
+            # write its result over the written values)
+            return
         if i in self._released:
             label = self._label_of(p)
             raise RuntimeError(f"{label}: a second backward pass made a grad before step() took "

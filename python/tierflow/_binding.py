@@ -12,8 +12,8 @@ from collections import defaultdict
 import torch
 
 from tierflow import _capi, _devices, _dtensor, _params, _state
-from tierflow._checks import (_DTYPES, _OVERLAPS, _check_group, _check_param, _holds_elements,
-                              _home, _label)
+from tierflow._checks import (_DTYPES, _check_group, _check_param, _holds_elements, _home,
+                              _label, _state_dtype_index, c_options)
 
 
 class _ReadState(dict):
@@ -250,6 +250,7 @@ class _Binding:
         if i is None or self._entries[i][1] is not p or self._resized(i):
             return {}
         _devices.check_process(self._made_in, "this optimizer's C state")
+        self._refresh_changed()  # as the next step would: a written param is its master
         state = _state.read(self._adam, i, p)
         return state.to_torch(p) if state.step > 0 else {}
 
@@ -266,7 +267,8 @@ class _Binding:
         # torch >= 2.7 names the decay in the group (AdamW is Adam with it True)
         decoupled = int(bool(group.get("decoupled_weight_decay", self._decoupled)))
         return _capi.AdamHyper(float(group["lr"]), float(beta1), float(beta2),
-                               float(group["eps"]), float(group["weight_decay"]), decoupled, 1)
+                               float(group["eps"]), float(group["weight_decay"]), decoupled, 1,
+                               _state_dtype_index(group.get("state_dtype"), "param group"))
 
     def _create(self, device, entries, groups) -> ctypes.c_void_p:
         """The C optimizer: in the session of the offloaded weights among the params (which
@@ -291,14 +293,9 @@ class _Binding:
                              "one optimizer updates the weights of one handle")
         hypers = (_capi.AdamHyper * len(groups))(*[self._hyper(self.param_groups[gi])
                                                      for gi in groups])
-        options = _capi.AdamOptions()
-        _capi.lib.tf_adam_options_default(ctypes.byref(options))
+        self._built_state_dtypes = [h.state_dtype for h in hypers]
         o = self._options
-        options.mode = _capi.ADAM_MODES[o["mode"]]
-        options.chunk_elements = o["chunk_elements"] or 0
-        options.threads = o["threads"] or 0
-        options.overlap = _OVERLAPS.index(o.get("overlap", "none"))
-        options.max_grad_norm = o["max_grad_norm"] or 0.0
+        options = c_options(o)
         adam = ctypes.c_void_p()
         if sessions:
             if o["placement"] is not None:
@@ -315,9 +312,21 @@ class _Binding:
                    hypers, len(groups), ctypes.byref(options), ctypes.byref(adam))
         return adam
 
+    def _state_dtype_name(self, index: int) -> str:
+        if index < 0:
+            return f"the optimizer's ({self._options.get('state_dtype', 'fp32')!r})"
+        return repr(_capi.STATE_DTYPES[index])
+
     def _push_hypers(self) -> None:
         for ci, gi in enumerate(self._groups):
             hyper = self._hyper(self.param_groups[gi])
+            built = getattr(self, "_built_state_dtypes", [])
+            if ci < len(built) and hyper.state_dtype != built[ci]:
+                raise ValueError(
+                    f"param_groups[{gi}]['state_dtype'] is now "
+                    f"{self._state_dtype_name(hyper.state_dtype)}, but the group's moments were "
+                    f"made {self._state_dtype_name(built[ci])}: a group's state_dtype is fixed "
+                    "once the optimizer is built (at its first step); nothing was changed")
             values = tuple(getattr(hyper, f) for f, _ in hyper._fields_)
             if self._hypers.get(ci) != values:
                 _capi.call("tf_adam_set_hyper", self._adam, ci, ctypes.byref(hyper))
@@ -328,7 +337,10 @@ class _Binding:
 
     def _refresh_changed(self) -> None:
         """Re-reads the masters of params changed outside the optimizer (an in-place write
-        bumps the tensor's version: model.load_state_dict, a manual edit)."""
+        bumps the tensor's version: model.load_state_dict, a manual edit): before a step, and
+        before the state is given out (state_dict(), opt.state[p], a copy, save()), which
+        would otherwise hold the master from before the write (with master="remainder", the
+        written high half joined to the old low half)."""
         for i, (_, p) in enumerate(self._entries):
             if _home(p)[0] == "weight":
                 # a weight in a tier changes only by the step, or by the model's

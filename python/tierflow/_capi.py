@@ -52,6 +52,10 @@ ADAM_CPU = 0
 ADAM_STREAMED = 1
 ADAM_AUTO = 2
 ADAM_MODES = {"cpu": ADAM_CPU, "streamed": ADAM_STREAMED, "auto": ADAM_AUTO}
+# How the Adam moments are stored: tf_adam_options.state_dtype's values, in order.
+STATE_DTYPES = ("fp32", "bf16", "int8")
+# Where the fp32 master weights are kept: tf_adam_options.master's values, in order.
+MASTERS = ("fp32", "remainder")
 
 
 class TierflowError(Exception):
@@ -115,6 +119,7 @@ class AdamHyper(Structure):
         ("weight_decay", c_double),
         ("decoupled", c_int),
         ("bias_correction", c_int),
+        ("state_dtype", c_int),  # -1: the options'; an index into STATE_DTYPES
     ]
 
 
@@ -140,6 +145,8 @@ class AdamOptions(Structure):
         ("device_timeout_s", c_double),
         ("placement", c_char_p),
         ("overlap", c_int),  # mirrors tf_adam_options (tf_adam_options_default writes it)
+        ("state_dtype", c_int),  # an index into STATE_DTYPES
+        ("master", c_int),  # an index into MASTERS
     ]
 
 

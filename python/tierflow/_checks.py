@@ -81,8 +81,20 @@ def _check_group(group: dict, index: int) -> None:
     if len(betas) != 2:
         raise ValueError(f"{where}: invalid betas {tuple(betas)} (two values)")
     hyper = _capi.AdamHyper(float(group["lr"]), float(betas[0]), float(betas[1]),
-                            float(group["eps"]), float(group["weight_decay"]), 1, 1)
+                            float(group["eps"]), float(group["weight_decay"]), 1, 1,
+                            _state_dtype_index(group.get("state_dtype"), where))
     _capi.call("tf_adam_check", ctypes.byref(hyper), index, None)
+
+
+def _state_dtype_index(state_dtype, where: str) -> int:
+    """A param group's ``state_dtype`` (None: the optimizer's) as tf_adam_hyper.state_dtype.
+    @raises ValueError"""
+    if state_dtype is None:
+        return -1
+    if state_dtype not in _capi.STATE_DTYPES:
+        raise ValueError(f"{where}: state_dtype must be one of {_capi.STATE_DTYPES} (or None: "
+                         f"the optimizer's), not {state_dtype!r}")
+    return _capi.STATE_DTYPES.index(state_dtype)
 
 
 def _torch_defaults(torch_class, **hyper) -> dict:
@@ -92,7 +104,10 @@ def _torch_defaults(torch_class, **hyper) -> dict:
 
 
 def make_options(max_grad_norm, mode, placement, chunk_elements, threads, overlap="none",
-                  release_grads=None):
+                 release_grads=None, state_dtype="fp32", master="fp32") -> dict:
+    """The optimizer-wide options as a dict (what ``_options`` keeps, and pickles), checked:
+    Python's types here, the values and their combinations by the library (tf_adam_check).
+    @raises ValueError, TypeError"""
     if release_grads is not None and not isinstance(release_grads, bool):
         raise TypeError(f"release_grads must be True, False or None, not {release_grads!r}")
     if overlap not in _OVERLAPS:
@@ -101,6 +116,10 @@ def make_options(max_grad_norm, mode, placement, chunk_elements, threads, overla
     if release_grads and (overlap == "none" or mode == "streamed"):
         raise ValueError("release_grads=True needs overlap='backward' or 'backward_publish' "
                          "and the cpu mode: the grads are copied to the host as they come")
+    if state_dtype not in _capi.STATE_DTYPES:
+        raise ValueError(f"state_dtype must be one of {_capi.STATE_DTYPES}, not {state_dtype!r}")
+    if not isinstance(master, str) or master not in _capi.MASTERS:
+        raise ValueError(f"master must be one of {_capi.MASTERS}, not {master!r}")
     if mode not in _capi.ADAM_MODES:
         raise ValueError(f"mode must be one of {sorted(_capi.ADAM_MODES)}, not {mode!r}")
     if overlap != "none" and mode == "streamed":
@@ -113,17 +132,28 @@ def make_options(max_grad_norm, mode, placement, chunk_elements, threads, overla
             raise ValueError(f"{name} must be a positive int (or None), not {value!r}")
     if placement is not None and not isinstance(placement, str):
         raise TypeError(f"placement must be a spec string, not {type(placement).__name__}")
-    options = _capi.AdamOptions()
-    _capi.lib.tf_adam_options_default(ctypes.byref(options))
-    options.mode = _capi.ADAM_MODES[mode]
-    options.chunk_elements = chunk_elements or 0
-    options.threads = threads or 0
-    options.max_grad_norm = max_grad_norm or 0.0
-    options.overlap = _OVERLAPS.index(overlap)
-    _capi.call("tf_adam_check", None, 0, ctypes.byref(options))  # the ranges: the library's
-    return {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
-            "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap,
-            "release_grads": release_grads}
+    out = {"max_grad_norm": max_grad_norm, "mode": mode, "placement": placement,
+           "chunk_elements": chunk_elements, "threads": threads, "overlap": overlap,
+           "release_grads": release_grads, "state_dtype": state_dtype, "master": master}
+    # the ranges and combinations (master="remainder" with an overlap or mode="streamed"):
+    # the library's
+    _capi.call("tf_adam_check", None, 0, ctypes.byref(c_options(out)))
+    return out
+
+
+def c_options(options: dict) -> _capi.AdamOptions:
+    """``options`` (make_options' dict; one pickled before a key existed has its default) as
+    tf_adam_options, without the placement."""
+    out = _capi.AdamOptions()
+    _capi.lib.tf_adam_options_default(ctypes.byref(out))
+    out.mode = _capi.ADAM_MODES[options["mode"]]
+    out.chunk_elements = options["chunk_elements"] or 0
+    out.threads = options["threads"] or 0
+    out.max_grad_norm = options["max_grad_norm"] or 0.0
+    out.overlap = _OVERLAPS.index(options.get("overlap", "none"))
+    out.state_dtype = _capi.STATE_DTYPES.index(options.get("state_dtype", "fp32"))
+    out.master = _capi.MASTERS.index(options.get("master", "fp32"))
+    return out
 
 
 def _byte_range(t: torch.Tensor) -> tuple:

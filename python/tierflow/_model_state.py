@@ -9,8 +9,8 @@ from tierflow._views import _host_view
 
 class _ModelState:
     """Mixin of OffloadedParameters: the block hooks of state_dict and load_state_dict (it
-    holds _weights, _weight_index, _homes, _device, _loading, _rewritten, _end_pass and
-    _placeholder)."""
+    holds _weights, _weight_index, _homes, _device, _loading, _rewritten, _versions, _end_pass
+    and _placeholder)."""
 
     def _offloaded_keys(self, module, prefix):
         for name, p in module.named_parameters():
@@ -46,5 +46,6 @@ class _ModelState:
             for i in mine:
                 p = self._weights[i]
                 _host_view(self._homes[i], p).copy_(self._loading.pop(i))
-                p.data = self._placeholder(p)
+                p.data = self._placeholder(i)
                 self._rewritten.add(i)
+                self._versions[i] = p._version  # torch's copy into the scratch: taken here

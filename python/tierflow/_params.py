@@ -6,8 +6,15 @@ model's largest ``nn.ModuleList``) into the tier copies of a tierflow session
 blocks, then backward over them in reverse), stages each block ``window`` blocks ahead, skips
 blocks that did not run, starts a new pass when a forward goes back, and ends a pass after
 block 0's backward. While block i runs forward, its params' ``.data`` are views of its HBM
-staging; afterwards they are 1-element NaN placeholders expanded to the param's shape (so shapes,
-dtypes and ``requires_grad`` stay as they were, and autograd accumulates grads as usual). What
+staging; outside it they are placeholders of the param's shape and dtype (``requires_grad``
+stays as it was, and autograd accumulates grads as usual): on the emulated device (CPU) a tensor
+over the weight's tier copy itself, so a read outside the forward (a regularizer over
+``model.parameters()``, a tied head, logging) sees the weight exactly; on CUDA a 1-element NaN
+expanded to the shape (such a read is non-finite, never a finite wrong number). An in-place write
+through the param outside a pass (``torch.no_grad(): p.mul_()``, ``torch.nn.init``) writes the
+tier copy: the next forward uses it and ``OffloadAdamW`` re-reads its master from it
+(``take_rewritten``), as after ``load_state_dict``; one while a pass is open (between a forward
+and its backward) is refused at the block's next staging. The param's version counter tells. What
 a block's forward saves for backward that is one of its weights is saved as a token
 (``torch.autograd.graph.saved_tensors_hooks``) and re-staged when the backward pass reaches the
 block, so the staging never holds more than the budget. ``OffloadAdamW`` finds an offloaded
@@ -113,6 +120,8 @@ _offloaded: dict = {}
 _offloaded_lock = threading.Lock()
 # The figures a pass is measured by (metrics()["last_pass"]).
 _PASS_KEYS = ("compute_s", "stall_s", "bytes_in", "bytes_out", "late_prefetches", "elapsed_s")
+# Tests only: the placeholder CUDA gets (1-element NaN), on the emulated device too.
+_NAN_PLACEHOLDERS = False
 
 
 def _holder(param) -> Optional[tuple]:
@@ -133,14 +142,65 @@ def weight_of(param) -> Optional[tuple]:
     return None if held is None else (held[0]._session, held[1])
 
 
-def take_rewritten(param) -> bool:
-    """Whether load_state_dict wrote ``param``'s tier copy since the last call (then the
-    optimizer re-reads its master weights from it)."""
+def rewritten(param) -> bool:
+    """Whether ``param``'s weight was written since the optimizer last read it (load_state_dict,
+    an in-place write or a new ``.data`` outside its block's forward); take_rewritten() takes
+    it. An overlap announces no grad of such a weight: its update must start from the new
+    master, which step() reads first."""
     held = _holder(param)
-    if held is None or held[1] not in held[0]._rewritten:
+    if held is None:
         return False
-    held[0]._rewritten.discard(held[1])
+    handle, i = held
+    return bool(handle._note_writes((i,), idle=not handle._open)) or i in handle._rewritten
+
+
+def take_rewritten(param) -> bool:
+    """Whether ``param``'s weight was written since the last call (as rewritten()); the tier
+    copy then holds the write (a new ``.data`` is copied in, ending a pass still open), and the
+    optimizer re-reads its master weights from it."""
+    held = _holder(param)
+    if held is None:
+        return False
+    handle, i = held
+    if handle._open and handle._replaced(i):
+        handle._end_pass()  # the optimizer's step would end it first too
+    handle._note_writes((i,), idle=True)
+    if i not in handle._rewritten:
+        return False
+    handle._rewritten.discard(i)
     return True
+
+
+class _TierCopies:
+    """Owns the session: destroyed once the handle is removed and no tensor over a tier copy is
+    left (a placeholder a user kept, ``w = p.detach()`` outside the forward, still reads memory
+    the session holds)."""
+
+    def __init__(self, session: ctypes.c_void_p, made_in: int):
+        self.session, self.made_in = session, made_in
+        self.removed = False  # a handle never removed keeps its session (as before)
+
+    def __del__(self):
+        # (in a forked child the session is the parent's: its threads are not here to join)
+        if self.removed and self.session and _capi is not None and _devices is not None \
+                and self.made_in == _devices.generation():
+            _capi.lib.tf_session_destroy(self.session)
+        self.session = None
+
+
+_tier_copy_types: dict = {}  # bytes -> a ctypes array type whose instances take attributes
+
+
+def _tier_view(address: int, like: torch.Tensor, owner: _TierCopies) -> torch.Tensor:
+    """A tensor shaped and typed like ``like`` over a tier copy (no copy), which keeps ``owner``
+    (the session) alive."""
+    nbytes = like.numel() * like.element_size()
+    kind = _tier_copy_types.get(nbytes)
+    if kind is None:
+        kind = _tier_copy_types[nbytes] = type("_TierCopy", (ctypes.c_uint8 * nbytes,), {})
+    buffer = kind.from_address(address)
+    buffer.owner = owner
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(like.dtype).view(like.shape)
 
 
 class OffloadedParameters(_ModelState):
@@ -158,6 +218,7 @@ class OffloadedParameters(_ModelState):
         self._blocks = _collect(model, blocks)
         _check_not_shared(model, self._blocks)
         self._shapes = [[(p.shape, p.dtype) for p in ps] for _, ps in self._blocks]
+        self._shapes_flat = [shape for shapes in self._shapes for shape in shapes]
         self._weights = [p for _, ps in self._blocks for p in ps]
         self._device = self._weights[0].device
         self._session = ctypes.c_void_p()
@@ -170,7 +231,11 @@ class OffloadedParameters(_ModelState):
         self._last_pass = None
         self._wrap_forwards()
         self._weight_index = {id(p): i for i, p in enumerate(self._weights)}
-        self._rewritten = set()  # weights whose tier copies load_state_dict wrote
+        self._rewritten = set()  # weights whose tier copies were written since a step read them
+        self._versions = [p._version for p in self._weights]  # as of the last look
+        self._open = False  # a pass is open (from a block's staging to _end_pass)
+        self._last_forward = -1  # the last block this pass ran forward
+        self._backward_seen = False  # this pass has staged a block for backward
         self._loading = {}  # weight -> the scratch tensor load_state_dict copies into
         self._hooks = [h for block, _ in self._blocks for h in (
             block._register_state_dict_hook(self._state_dict_hook),
@@ -208,19 +273,29 @@ class OffloadedParameters(_ModelState):
     def _move_in(self):
         """Copies each weight into its tier copy and leaves a placeholder in the param."""
         self._homes = []
+        self._owner = _TierCopies(self._session, self._made_in)
+        self._placeholders = []
         with torch.no_grad():
             for i, p in enumerate(self._weights):
                 home = ctypes.c_void_p()
                 _capi.call("tf_session_weight_host", self._session, i, ctypes.byref(home))
                 _host_view(home.value, p).copy_(p.data)
                 self._homes.append(home.value)
-                p.data = self._placeholder(p)
+                self._placeholders.append(self._make_placeholder(i, p))
+                p.data = self._placeholder(i)
 
-    @staticmethod
-    def _placeholder(p):
-        # NaN, not zeros: a read outside the block's forward (a regularizer over
-        # model.parameters(), logging) gives NaN, never a finite wrong number
+    def _make_placeholder(self, i, p):
+        if self._device.type == "cpu" and not _NAN_PLACEHOLDERS:
+            # the weight itself: a read outside the block's forward is exact, an in-place write
+            # writes the tier copy (seen by the param's version counter)
+            return _tier_view(self._homes[i], p, self._owner)
+        # CUDA: the tier copy is host memory the device's kernels cannot read. NaN, not zeros:
+        # a read outside the block's forward gives NaN, never a finite wrong number
         return torch.full((1,), float("nan"), dtype=p.dtype, device=p.device).expand(p.shape)
+
+    def _placeholder(self, i):
+        """What weight ``i``'s param holds outside its block's forward."""
+        return self._placeholders[i]
 
     def _wrap_forwards(self):
         for b, (block, _) in enumerate(self._blocks):
@@ -234,6 +309,13 @@ class OffloadedParameters(_ModelState):
 
     # --- the passes (the session plans them: skipped blocks, restarts, the end) ------------
     def _acquire(self, block: int, backward: bool):
+        if not self._open:
+            # the session was idle since the last pass: writes through the params went to the
+            # tier copies with nothing staging them, and this pass stages them
+            self._note_writes(range(len(self._weights)), idle=True)
+            self._open = True
+        self._refuse_writes_in_pass(block)
+        self._backward_seen |= backward
         params = self._blocks[block][1]
         pointers = (ctypes.c_void_p * len(params))()
         self._held = None  # the session releases the block held, after the caller's stream
@@ -254,6 +336,7 @@ class OffloadedParameters(_ModelState):
         if self._held is not None:
             self._release()
         _capi.call("tf_session_end_pass", self._session)
+        self._open, self._last_forward, self._backward_seen = False, -1, False
         now = self._totals()
         if now["passes"] != self._pass_start["passes"]:
             self._last_pass = {k: now[k] - self._pass_start[k] for k in _PASS_KEYS}
@@ -265,6 +348,60 @@ class OffloadedParameters(_ModelState):
         out["elapsed_s"] = time.perf_counter()
         out["passes"] = m["passes"]
         return out
+
+    def _replaced(self, i) -> bool:
+        """Whether weight i's param holds a tensor other than its placeholder (``p.data = t``
+        outside the forward, ``vector_to_parameters``)."""
+        return self._weights[i].data_ptr() != self._placeholders[i].data_ptr()
+
+    def _changed(self, i) -> bool:
+        return self._weights[i]._version != self._versions[i] or self._replaced(i)
+
+    def _note_writes(self, indices, idle: bool) -> list:
+        """The weights among ``indices`` written through their params since the last look: in
+        place (their version counters moved: the tier copy holds the write) or given a new
+        ``.data`` of the same shape and dtype (copied into the tier copy when ``idle``, no pass
+        open, and the placeholder put back; another shape is refused at the block's forward).
+        The optimizer re-reads its masters from their tier copies (_rewritten)."""
+        written = []
+        for i in indices:
+            p = self._weights[i]
+            if self._replaced(i):
+                shape, dtype = self._shapes_flat[i]
+                if p.shape != shape or p.dtype != dtype or p.device != self._device:
+                    continue  # _check_unchanged names it
+                written.append(i)
+                if not idle:
+                    continue  # copied in once the pass is over
+                with torch.no_grad():
+                    _host_view(self._homes[i], p).copy_(p.data)
+                p.data = self._placeholder(i)
+            elif p._version == self._versions[i]:
+                continue
+            else:
+                written.append(i)
+            self._versions[i] = p._version
+            self._rewritten.add(i)
+        return written
+
+    def _refuse_writes_in_pass(self, b):
+        """A weight written while its pass is open (between a forward and its backward) may
+        have been staged before the write, or while it went on: refused before the block is
+        staged again, the pass ended (the write stays: the optimizer re-reads it)."""
+        first = self._weight_index[id(self._blocks[b][1][0])]
+        written = self._note_writes(range(first, first + len(self._blocks[b][1])), idle=False)
+        if written:
+            j = written[0] - first
+            p = self._weights[written[0]]
+            self._end_pass()  # the forward or backward raises: the next forward starts anew
+            self._note_writes(written, idle=True)  # a new .data into the tier copy now
+            raise RuntimeError(
+                f"offload_parameters: block {b} ({type(self._blocks[b][0]).__name__}) param {j} "
+                f"(shape {tuple(p.shape)}) was written while a pass was open (after a forward, "
+                "before its backward ended): the pass may have staged it before the write. "
+                "Write offloaded weights between passes (after the backward pass or a forward "
+                "without grad, before the next forward), as torch refuses a write to a weight "
+                "that backward needs; the write is kept and the next forward starts a new pass")
 
     def _check_unchanged(self, b):
         """A block whose params were replaced or reshaped since offload_parameters cannot be
@@ -289,7 +426,13 @@ class OffloadedParameters(_ModelState):
         if b == 0:
             # A new pass: a backward that raised never ran its end-of-pass callback.
             self._callback_queued = False
+        if self._open and b <= self._last_forward and not self._backward_seen:
+            # a forward that goes back starts a new pass (a forward whose backward never came):
+            # weights written since are written between passes, once this one is ended
+            if any(self._changed(i) for i in range(len(self._weights))):
+                self._end_pass()
         self._acquire(b, False)
+        self._last_forward = b
         try:
             for p, view in zip(params, self._staged[b]):
                 p.data = view
@@ -298,8 +441,12 @@ class OffloadedParameters(_ModelState):
                     return original(*args, **kwargs)
             return original(*args, **kwargs)
         finally:
-            for p in params:
-                p.data = self._placeholder(p)
+            first = self._weight_index[id(params[0])]
+            for j, p in enumerate(params):
+                p.data = self._placeholder(first + j)
+                # a write inside the forward went to the staging, which is dropped: not a write
+                # of the tier copy
+                self._versions[first + j] = p._version
             self._release()
             if not torch.is_grad_enabled() and b == len(self._blocks) - 1:
                 self._end_pass()
@@ -377,9 +524,10 @@ class OffloadedParameters(_ModelState):
                 block.forward = block._tierflow_forward
                 del block._tierflow_forward
         # An optimizer made in the session keeps it alive until it is rebuilt over the params'
-        # own memory (its next step).
-        if not forked:  # the parent's session: its threads are not here to join
-            _capi.lib.tf_session_destroy(self._session)
+        # own memory (its next step); a placeholder a user kept, until it is gone (_TierCopies).
+        self._placeholders = []
+        self._owner.removed = True
+        self._owner = None
         self._session = ctypes.c_void_p()
 
     def _check_open(self):

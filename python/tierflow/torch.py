@@ -42,13 +42,13 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, max_grad_norm=None, mode="auto",
                  placement=None, chunk_elements=None, threads=None, overlap="none",
-                 release_grads=None):
+                 release_grads=None, state_dtype="fp32", master="fp32"):
         hyper = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         flags = {"amsgrad": amsgrad, "maximize": maximize, "capturable": capturable,
                  "differentiable": differentiable, "fused": fused}
         _check_group({**hyper, **flags}, 0)
         self._options = make_options(max_grad_norm, mode, placement, chunk_elements, threads,
-                                     overlap, release_grads)
+                                     overlap, release_grads, state_dtype, master)
         self._init_runtime()
         defaults = _torch_defaults(self._torch_class, **hyper)
         if "foreach" in defaults:
@@ -107,6 +107,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
             except ParamResizedError:
                 return self._stale_state()  # as torch's state_dict keeps a stale state
             self._absorb_outside_state()
+            self._refresh_changed()  # a param written since the last step is its master now
             steps = []
             for i, (_, p) in enumerate(self._entries):
                 state = _state.read(self._adam, i, p)
@@ -305,6 +306,7 @@ class _OffloadAdamBase(_Binding, _Announcing, torch.optim.Optimizer):
         """Writes the state to tierflow's CRC-checked file (atomically)."""
         self._built("save()")
         self._push_hypers()
+        self._refresh_changed()
         _capi.call("tf_adam_save", self._adam, os.fsencode(path))
 
     def load(self, path) -> None:
@@ -361,6 +363,24 @@ class OffloadAdamW(_OffloadAdamBase):
     ``True`` for every param; ``False`` for none. A freed grad is not in ``.grad``: clip with
     ``max_grad_norm``, not ``torch.nn.utils.clip_grad_norm_``; ``zero_grad()`` discards it; a
     step that fails loses it (the next step() asks for a new backward pass).
+
+    ``state_dtype``: how the moments ``exp_avg`` and ``exp_avg_sq`` are stored:
+    ``"fp32"`` (torch's numbers, 8 B per param), ``"bf16"`` (4 B) or ``"int8"`` (8-bit codes
+    with a scale per block of 256 elements, ~2 B; params under 4096 elements keep fp32). The
+    update runs in fp32 from the decoded moments. A param group may set its own
+    (``{"params": ..., "state_dtype": "fp32"}``). ``state_dict()`` gives the moments as fp32
+    tensors, which torch's AdamW loads; ``load_state_dict`` quantizes them.
+
+    ``master`` (cpu mode, no overlap): where a bf16 param's fp32 master weights are kept:
+    ``"fp32"`` (a separate fp32 copy, 4 B per param) or ``"remainder"`` (the param itself holds
+    the master's high 16 bits and tierflow the low 16 beside it, 2 B per param; the master,
+    moments and ``state_dict()`` are bit for bit those of ``"fp32"``). The bf16 param is then
+    the master rounded to nearest with ties away from zero, where torch's ``.to(bfloat16)``
+    rounds ties to even: one bf16 ulp apart on an exact tie only (1 value in 65536). It applies
+    to bf16 CPU params and to the bf16 weights ``offload_parameters`` holds; fp32 params keep an
+    fp32 master either way. ``"remainder"`` is refused with an overlap or ``mode="streamed"``
+    (here), and for an fp16 param or a CUDA param (at the first step, naming the param);
+    nothing is changed.
     """
 
     _torch_class = torch.optim.AdamW
@@ -370,12 +390,13 @@ class OffloadAdamW(_OffloadAdamBase):
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
                  differentiable=False, fused=None, max_grad_norm=None, mode="auto",
                  placement=None, chunk_elements=None, threads=None, overlap="none",
-                 release_grads=None):
+                 release_grads=None, state_dtype="fp32", master="fp32"):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable,
                          differentiable=differentiable, fused=fused, max_grad_norm=max_grad_norm,
                          mode=mode, placement=placement, chunk_elements=chunk_elements,
-                         threads=threads, overlap=overlap, release_grads=release_grads)
+                         threads=threads, overlap=overlap, release_grads=release_grads,
+                         state_dtype=state_dtype, master=master)
 
 
 class OffloadAdam(_OffloadAdamBase):

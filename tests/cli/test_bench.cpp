@@ -152,6 +152,11 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
       if (name == "adam_step" || name == "adam_step_clip") {
         CHECK(tc.at("bytes_d2h") == 0);  // the grads are read where they are
       }
+    } else if (name == "adam_step_remainder") {
+      ++adam;  // bf16 p and g, the master's 16 bits beside p: 28 - 12 + 10 B per param
+      CHECK(tc.at("bytes") == 26 * tc.at("params").get<std::uint64_t>());
+      CHECK(tc.at("verified") == true);
+      CHECK(tc.at("bytes_d2h") == 0);
     } else {
       FAIL("a case --case node_,adam did not select: " << name);
     }
@@ -174,7 +179,7 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
     CHECK(cells[name].size() == expected);
   }
   CHECK(latency_pairs.size() == initiators.size() * nodes);
-  CHECK(adam == 4 * static_cast<int>(nodes));
+  CHECK(adam == 5 * static_cast<int>(nodes));
 
   // The kept values are what topology discovery now reports, with source "measured".
   const auto topo = run_cli({"topo", "--json"}, env);
@@ -509,4 +514,37 @@ TEST_CASE("bench --adam-layout aliased puts the Adam arrays 256 MiB apart, and s
   const auto bad = run_cli({"bench", "--case", "adam_cpu", "--adam-layout", "aliased"});
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.err, Catch::Contains("--adam-layout") && Catch::Contains("--buffer-mib"));
+}
+
+TEST_CASE("bench --state-dtype: each dtype's Adam cases, their bytes per param, verified",
+          "[cli][bench]") {
+  const auto r =
+      run_cli({"bench", "--case", "adam_", "--state-dtype", "fp32,bf16,int8", "--buffer-mib", "4",
+               "--samples", "1", "--threads", "1", "--json", "--no-cache"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto doc = json::parse(r.out);
+  // Bytes per param: fp32 params and grads (12 B) and the moments; over bf16 params with the
+  // master in 16 bits (remainder), 10 B and the moments.
+  const std::map<std::string, double> moments{{"fp32", 16.0}, {"bf16", 8.0}, {"int8", 4.0625}};
+  std::map<std::string, int> seen;
+  for (const auto& tc : doc.at("testcases")) {
+    const std::string name = tc.at("name");
+    INFO(name);
+    REQUIRE(tc.at("status") == "ok");
+    const std::string dtype = tc.at("state_dtype");
+    const std::string suffix = dtype == "fp32" ? "" : "_" + dtype;
+    REQUIRE(name.size() > suffix.size());
+    CHECK(name.substr(name.size() - suffix.size()) == suffix);
+    const std::string base = name.substr(0, name.size() - suffix.size());
+    const double expected = moments.at(dtype) + (base == "adam_step_remainder" ? 10.0 : 12.0);
+    CHECK(tc.at("bytes_per_param").get<double>() == expected);
+    CHECK(tc.at("verified") == true);
+    ++seen[base];
+  }
+  for (const char* base :
+       {"adam_bound", "adam_cpu", "adam_step", "adam_step_clip", "adam_step_remainder"}) {
+    INFO(base);
+    CHECK(seen[base] == 3);
+  }
 }

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 
@@ -128,6 +129,10 @@ TEST_CASE("demo: bad flags are one line and exit code 2", "[cli][demo]") {
   check_one_line_error(run_cli({"demo", "--samples", "4", "--batch", "8"}), "--samples");
   check_one_line_error(run_cli({"demo", "--device", "cuda:7"}), "--device");
   check_one_line_error(run_cli({"demo", "--lr", "-1"}), "--lr");
+  check_one_line_error(run_cli({"demo", "--state-dtype", "fp16"}), "--state-dtype");
+  check_one_line_error(run_cli({"demo", "--state-dtype", "int8", "--adam-mode", "streamed"}),
+                       "--state-dtype");
+  check_one_line_error(run_cli({"demo", "--state-dtype", "int8", "--verify"}), "--state-dtype");
   check_one_line_error(run_cli({"demo", "--device", "gpu"}), "--device");
   // Reported before anything runs (no progress line first), each naming its flag.
   const std::vector<std::string> small = {"--steps", "1",       "--layers", "1",         "--width",
@@ -247,4 +252,32 @@ TEST_CASE("demo: on the slowest link the config takes (1 MB/s) the link probe co
     CHECK(p.small >= 4096);
     CHECK(p.large > p.small);
   }
+}
+
+TEST_CASE("demo --state-dtype: compressed moments train and hold less state", "[cli][demo]") {
+  tierflow::test::scratch_dir dir;
+  auto gen = tierflow::test::rng(901);
+  const std::string seed = std::to_string(gen() % 1000000);
+  std::map<std::string, nlohmann::json> runs;
+  for (const char* dtype : {"fp32", "int8"}) {
+    const auto r = run_cli({"demo",     "--layers",  "2",
+                            "--width",  "96",        "--batch",
+                            "16",       "--samples", "64",
+                            "--steps",  "60",        "--lr",
+                            "3e-3",     "--seed",    seed,
+                            "--json",   "--out",     (dir.path() / dtype).string(),
+                            "--device", "emulated",  "--state-dtype",
+                            dtype},
+                           "TIERFLOW_EMU_LINK=h2d=20GB/s,d2h=20GB/s,latency=2us");
+    INFO(dtype << " stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    runs[dtype] = nlohmann::json::parse(r.out);
+    CHECK(runs[dtype]["state_dtype"] == dtype);
+    CHECK(runs[dtype]["adam_mode"] == "cpu");
+  }
+  // The same data and seed: int8 moments learn as fp32 ones do, within their precision.
+  const double fp32_last = runs["fp32"]["loss_last"].get<double>();
+  const double int8_last = runs["int8"]["loss_last"].get<double>();
+  CHECK(int8_last < runs["int8"]["loss_first"].get<double>() / 3);
+  CHECK(std::fabs(int8_last - fp32_last) < 0.25 * fp32_last);
 }

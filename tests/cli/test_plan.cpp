@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -422,4 +423,226 @@ TEST_CASE("plan --machine: a node's tiers come from a real machine's topo report
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.err, Catch::Contains("tiers: not an array"));
   }
+}
+
+namespace {
+
+// One Adam moment per param (m or v) of each state dtype: int8 codes carry a 4-byte scale per
+// block of 256.
+double moment_bytes(const std::string& dtype) {
+  return dtype == "fp32" ? 4.0 : dtype == "bf16" ? 2.0 : 1.0 + 4.0 / 256.0;
+}
+
+}  // namespace
+
+TEST_CASE("plan: optimizer state dtypes: bytes per param, the step's bytes, the larger model",
+          "[cli][plan]") {
+  // The issue's figures: bf16 weights and grads, both offloaded (where a remainder applies).
+  json spec = load_example("dgx_h100_cxl_1t");
+  spec["training"]["offload_params"] = true;
+  const std::tuple<const char*, const char*, double, double> figures[] = {
+      {"fp32", "fp32", 12, 28},           {"bf16", "fp32", 8, 20},
+      {"int8", "fp32", 6.03125, 16.0625}, {"fp32", "remainder", 10, 26},
+      {"bf16", "remainder", 6, 18},       {"int8", "remainder", 4.03125, 14.0625}};
+  for (const auto& [dtype, master, state, step] : figures) {
+    json s = spec;
+    s["optimizer"] = {{"state_dtype", dtype}, {"master", master}};
+    const json o = plan_json(s)["optimizer"];
+    INFO(dtype << " + " << master << " master");
+    CHECK(o["state_dtype"] == dtype);
+    CHECK(o["master"] == master);
+    CHECK(o["state_bytes_per_param"].get<double>() == state);
+    CHECK(o["step_bytes_per_param"].get<double>() == step);
+    CHECK(o["options"].size() == 6);
+  }
+
+  auto gen = tierflow::test::rng(3701);
+  std::uniform_real_distribution<double> unit(0.1, 1.0);
+  const json base = load_example("dgx_h100_cxl_1t");
+  const char* param_dtypes[] = {"bf16", "fp16", "fp32"};
+  const char* shardings[] = {"none", "zero1", "zero2", "zero3", "fsdp"};
+  for (int round = 0; round < 16; ++round) {
+    spec = base;
+    spec["training"].erase("tokens_per_step");
+    const double psi = std::floor(1e9 + unit(gen) * 1e12);
+    spec["model"]["params"] = psi;
+    const std::string param_dtype = param_dtypes[gen() % 3];
+    spec["model"]["param_dtype"] = param_dtype;
+    const auto nodes = 1 + gen() % 32;
+    spec["cluster"]["nodes"] = nodes;
+    spec["cluster"]["tiers"][1]["capacity_gib"] = 64 + unit(gen) * 4096;
+    const std::string sharding = shardings[gen() % 5];
+    spec["training"]["sharding"] = sharding;
+    const bool offload_optimizer = gen() % 4 != 0;
+    const bool offload_params = gen() % 2 == 0;
+    spec["training"]["offload_optimizer"] = offload_optimizer;
+    spec["training"]["offload_params"] = offload_params;
+    spec["training"]["offload_activations"] = gen() % 2 == 0;
+    INFO("round " << round << ": params " << psi << ", " << param_dtype << ", nodes " << nodes
+                  << ", " << sharding << ", offload optimizer " << offload_optimizer << ", params "
+                  << offload_params);
+
+    // fp32 is the default: the key, or the flag, saying so changes nothing.
+    const json fp32 = plan_json(spec);
+    json explicit_fp32 = spec;
+    explicit_fp32["optimizer"] = {{"state_dtype", "fp32"}, {"master", "fp32"}};
+    CHECK(plan_json(explicit_fp32) == fp32);
+    CHECK(plan_json(spec, {"--state-dtype", "fp32"}) == fp32);
+
+    const double ranks = static_cast<double>(nodes * 8);
+    const double b_p = param_dtype == "fp32" ? 4.0 : 2.0;
+    const double b_g = 2.0;
+    const bool gathers = sharding == "zero3" || sharding == "fsdp";
+    const double psi_o = sharding == "none" ? psi : psi / ranks;  // optimizer shard
+    const double psi_w = gathers ? psi / ranks : psi;             // weights per rank
+    const bool remainder_applies = param_dtype == "bf16" && offload_optimizer && offload_params;
+    // Host bytes per param of Ψ per rank (what grows with the model; the checkpoints do not).
+    const auto host_per_param = [&](double state) {
+      return ((offload_params ? psi_w * b_p : 0.0) + psi_o * (b_g + state)) / psi;
+    };
+    const double fp32_state = (b_p < 4 ? 4.0 : 0.0) + 8.0;
+    for (const std::string dtype : {"fp32", "bf16", "int8"}) {
+      for (const std::string master : {"fp32", "remainder"}) {
+        if (master == "remainder" && !remainder_applies) {
+          continue;
+        }
+        json s = spec;
+        json j;
+        if (gen() % 2 == 0) {
+          s["optimizer"] = {{"state_dtype", dtype}, {"master", master}};
+          j = plan_json(s);
+        } else {
+          s["optimizer"] = {{"master", master}};
+          j = plan_json(s, {"--state-dtype", dtype});
+        }
+        INFO(dtype << " + " << master << " master");
+        const json& o = j["optimizer"];
+        for (const char* key : {"state_dtype", "master", "state_bytes_per_param",
+                                "step_bytes_per_param", "max_params_hbm", "max_params_host",
+                                "max_params", "vs_fp32", "state_in", "options"}) {
+          CHECK(o.contains(key));
+        }
+        CHECK(o["state_dtype"] == dtype);
+        CHECK(o["state_in"] == (offload_optimizer ? "host" : "hbm"));
+        CHECK(o["options"].size() == (remainder_applies ? 6U : 3U));
+        CHECK(o["options"][0]["state_dtype"] == "fp32");
+        CHECK(o["options"][0]["master"] == "fp32");
+        const double master_bytes = master == "remainder" ? 2.0 : b_p < 4 ? 4.0 : 0.0;
+        const double state = master_bytes + 2.0 * moment_bytes(dtype);
+        CHECK(o["state_bytes_per_param"].get<double>() == Approx(state));
+        CHECK(o["step_bytes_per_param"].get<double>() ==
+              Approx(2.0 * state + b_g + b_p + (master == "remainder" ? b_p : 0.0)));
+        const json& held = j["memory"]["per_rank"][offload_optimizer ? "host" : "hbm"];
+        CHECK(held["adam_m"].get<double>() == Approx(psi_o * moment_bytes(dtype)));
+        CHECK(held["adam_v"].get<double>() == Approx(psi_o * moment_bytes(dtype)));
+        CHECK(held["master"].get<double>() == Approx(psi_o * master_bytes));
+        // Everything else is the fp32 run's.
+        CHECK(held["weights"] ==
+              fp32["memory"]["per_rank"][offload_optimizer ? "host" : "hbm"]["weights"]);
+        CHECK(j["memory"]["per_rank"]["hbm"]["activations"] ==
+              fp32["memory"]["per_rank"]["hbm"]["activations"]);
+        if (!offload_optimizer || o["max_params_host"].is_null() ||
+            o["options"][0]["max_params_host"].get<double>() <= 0) {
+          continue;
+        }
+        // The host tiers hold a·Ψ + c per node: the ratio of the largest Ψ is that of a.
+        CHECK(o["vs_fp32"].get<double>() ==
+              Approx(host_per_param(fp32_state) / host_per_param(state)));
+        // The largest model is the bound: just under it the host fits, just over it, not.
+        const double most = o["max_params_host"].get<double>();
+        if (most >= 2e9 && most <= 1e15) {
+          json at = s;
+          at["model"]["params"] = std::floor(most * 0.999);
+          const json under = plan_json(at, {"--state-dtype", dtype});
+          CHECK(under["memory"]["host_fits"] == true);
+          at["model"]["params"] = std::floor(most * 1.001);
+          if (most * 1.001 <= 1e15) {
+            CHECK(plan_json(at, {"--state-dtype", dtype})["memory"]["host_fits"] == false);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("plan: the table shows the state dtype, its bytes and how much more the tiers hold",
+          "[cli][plan]") {
+  const auto r = run_cli({"plan", "--spec", example("dgx_h100_cxl_1t"), "--state-dtype", "int8"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("Optimizer state per param"));
+  CHECK_THAT(r.out, Catch::Contains("int8 state: 6.03 B/param; the host tiers hold "));
+  CHECK_THAT(r.out, Catch::Contains("x the params of fp32 state ("));
+  CHECK_THAT(r.out, Catch::Contains("<- spec"));
+  const auto fp32 = run_cli({"plan", "--spec", example("dgx_h100_cxl_1t")});
+  CHECK_THAT(fp32.out, Catch::Contains("fp32 state: 12 B/param; the host tiers hold 1.00x"));
+}
+
+TEST_CASE("plan: bad optimizer state dtypes and masters are refused naming the key",
+          "[cli][plan][bad_input]") {
+  json good = load_example("dgx_h100_cxl_1t");
+  good["training"]["offload_params"] = true;
+  const auto refused = [](const json& s, const std::string& expected) {
+    INFO(s["optimizer"].dump() << " " << s["model"].dump());
+    try {
+      (void)plan::parse_plan_spec(s.dump(), "spec.json");
+      FAIL("accepted");
+    } catch (const tierflow::input_error& e) {
+      CHECK_THAT(e.what(), Catch::StartsWith("spec.json: " + expected));
+    }
+  };
+  json s = good;
+  for (const json& value : {json("int4"), json("f32"), json(8), json(nullptr)}) {
+    s["optimizer"] = {{"state_dtype", value}};
+    refused(s, "optimizer.state_dtype: must be fp32, bf16 or int8");
+  }
+  s["optimizer"] = {{"master", "bf16"}};
+  refused(s, "optimizer.master: must be fp32 or remainder");
+  s["optimizer"] = {{"moments", "int8"}};
+  refused(s, "optimizer: unknown key \"moments\"");
+  s["optimizer"] = "int8";
+  refused(s, "optimizer: must be an object");
+  // A remainder is the low half of a master whose high half is a bf16 weight in a host tier.
+  s = good;
+  s["optimizer"] = {{"master", "remainder"}};
+  CHECK_NOTHROW(plan::parse_plan_spec(s.dump(), "spec.json"));
+  for (const char* dtype : {"fp16", "fp32"}) {
+    json t = s;
+    t["model"]["param_dtype"] = dtype;
+    refused(t,
+            "optimizer.master: remainder keeps the fp32 master's low 16 bits beside a bf16 "
+            "weight");
+    CHECK_THROWS_WITH(plan::parse_plan_spec(t.dump(), "spec.json"),
+                      Catch::Contains(std::string("model.param_dtype is ") + dtype));
+  }
+  for (const char* flag : {"offload_params", "offload_optimizer"}) {
+    json t = s;
+    t["training"][flag] = false;
+    refused(t, "optimizer.master: remainder needs the bf16 weights in the host tiers");
+  }
+  // Compressed state is of fp32 state: not where model.state_dtype is narrower.
+  s = good;
+  s["model"]["state_dtype"] = "bf16";
+  s["optimizer"] = {{"state_dtype", "int8"}};
+  refused(s,
+          "optimizer.state_dtype: compresses fp32 Adam state, and model.state_dtype is not "
+          "fp32");
+  s["optimizer"] = {{"state_dtype", "fp32"}};
+  CHECK_NOTHROW(plan::parse_plan_spec(s.dump(), "spec.json"));
+  plan::plan_spec narrow = plan::parse_plan_spec(s.dump(), "spec.json");
+  CHECK_THROWS_WITH(plan::set_state_dtype(narrow, "bf16"),
+                    Catch::StartsWith("spec.json: --state-dtype: compresses fp32 Adam state"));
+  CHECK_THROWS_WITH(plan::set_state_dtype(narrow, "int4"),
+                    Catch::StartsWith("spec.json: --state-dtype: must be fp32, bf16 or int8"));
+  // As the user sees it: one line naming the flag or the key, exit code 2.
+  check_one_line_error(
+      run_cli({"plan", "--spec", example("dgx_h100_cxl_1t"), "--state-dtype", "int4"}),
+      "--state-dtype");
+  tierflow::test::scratch_dir dir;
+  const auto path = (dir.path() / "narrow.plan.json").string();
+  tierflow::test::write_file(path, s.dump());
+  check_one_line_error(run_cli({"plan", "--spec", path, "--state-dtype", "int8"}),
+                       "narrow.plan.json: --state-dtype: compresses fp32 Adam state");
+  s["optimizer"] = {{"state_dtype", "int4"}};
+  check_one_line_error(plan_run(s), "optimizer.state_dtype: must be fp32, bf16 or int8");
 }

@@ -1,5 +1,6 @@
 // The CUDA backend on a real GPU: properties, copies from registered tier memory, events,
-// host callbacks, errors, and the transfer engine's routes. Without a usable GPU it reports
+// host callbacks, errors, the transfer engine's routes, and offload_adam's streamed step (its
+// CUDA kernels, each state dtype) against the cpu step. Without a usable GPU it reports
 // SKIPPED with the reason and exits with the code CTest counts as skipped.
 
 #define CATCH_CONFIG_RUNNER
@@ -7,15 +8,21 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "test_support.hpp"
+#include "tierflow/detail/adam_kernels.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/numa_resource.hpp"
+#include "tierflow/offload_adam.hpp"
 #include "tierflow/pinned_resource.hpp"
+#include "tierflow/placement_policy.hpp"
+#include "tierflow/topology.hpp"
 #include "tierflow/transfer_engine.hpp"
 
 using namespace tierflow;
@@ -122,6 +129,83 @@ TEST_CASE("transfer engine routes on cuda", "[cuda]") {
   CHECK(engine.link("h2d").bytes == bytes);
   CHECK(engine.link("h2d").achieved_gbps() > 1.0);
   dev->memory().deallocate(d, bytes);
+}
+
+TEST_CASE("offload_adam streamed on cuda: fp32, bf16 and int8 moments give the cpu step's bits",
+          "[cuda]") {
+  auto dev = open_device("cuda");
+  std::mt19937_64 gen(seed + 2);
+  const topology topo = topology::discover();
+  placement_options po;
+  po.reserve_bytes = 0;
+  po.huge_pages = false;
+  placement_policy placement(topo, po);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (adam_state_dtype dtype :
+       {adam_state_dtype::f32, adam_state_dtype::bf16, adam_state_dtype::int8}) {
+    for (param_dtype pd : {param_dtype::f32, param_dtype::bf16}) {
+      INFO(to_string(dtype) << " moments, " << to_string(pd) << " params");
+      const std::size_t n = 300000 + gen() % 100000;
+      const std::size_t bytes = n * dtype_bytes(pd);
+      std::vector<float> values(n);
+      for (auto& x : values) {
+        x = normal(gen);
+      }
+      std::vector<unsigned char> host_p(bytes), host_g(bytes);
+      detail::store_params(adam_kernel::scalar, values.data(), host_p.data(), pd, n);
+      // Two optimizers, one per mode, each over its own device param and the same grads.
+      void* p[2] = {dev->memory().allocate(bytes), dev->memory().allocate(bytes)};
+      void* g = dev->memory().allocate(bytes);
+      for (void* d : p) {
+        dev->copy_async(d, host_p.data(), bytes, copy_kind::h2d, dev->h2d_stream());
+      }
+      dev->h2d_stream().synchronize();
+      std::vector<std::unique_ptr<offload_adam>> opt;
+      for (adam_mode mode : {adam_mode::cpu, adam_mode::streamed}) {
+        adam_param a;
+        a.name = "w";
+        a.param = p[opt.size()];
+        a.grad = g;
+        a.dtype = pd;
+        a.elements = n;
+        adam_group group;
+        group.params.push_back(a);
+        group.hyper.lr = 1e-2;
+        group.hyper.weight_decay = 0.01;
+        adam_options o;
+        o.mode = mode;
+        o.state_dtype = dtype;
+        o.chunk_elements = 65536;
+        opt.push_back(
+            std::make_unique<offload_adam>(*dev, std::vector<adam_group>{group}, o, placement));
+        REQUIRE(opt.back()->mode() == mode);
+      }
+      for (int step = 0; step < 4; ++step) {
+        for (auto& x : values) {
+          x = 0.1f * normal(gen);
+        }
+        detail::store_params(adam_kernel::scalar, values.data(), host_g.data(), pd, n);
+        dev->copy_async(g, host_g.data(), bytes, copy_kind::h2d, dev->h2d_stream());
+        dev->h2d_stream().synchronize();
+        REQUIRE(opt[0]->step().applied);
+        REQUIRE(opt[1]->step().applied);
+      }
+      CHECK(opt[0]->master_weights(0, 0) == opt[1]->master_weights(0, 0));
+      CHECK(opt[0]->exp_avg(0, 0) == opt[1]->exp_avg(0, 0));
+      CHECK(opt[0]->exp_avg_sq(0, 0) == opt[1]->exp_avg_sq(0, 0));
+      std::vector<unsigned char> back[2] = {std::vector<unsigned char>(bytes),
+                                            std::vector<unsigned char>(bytes)};
+      for (int k = 0; k < 2; ++k) {
+        dev->copy_async(back[k].data(), p[k], bytes, copy_kind::d2h, dev->d2h_stream());
+      }
+      dev->d2h_stream().synchronize();
+      CHECK(back[0] == back[1]);
+      opt.clear();
+      for (void* d : {p[0], p[1], g}) {
+        dev->memory().deallocate(d, bytes);
+      }
+    }
+  }
 }
 
 int main(int argc, char** argv) {

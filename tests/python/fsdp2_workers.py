@@ -35,6 +35,20 @@ def fully_shard_function():
     return None
 
 
+def why_not():
+    """Why FSDP2 cannot run here (None: it can): the tests' skip reason."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        return "torch.distributed with gloo is not available"
+    if fully_shard_function() is None:
+        return (f"torch {torch.__version__} has no fully_shard (FSDP2: torch >= 2.4, in "
+                "torch.distributed._composable.fsdp, torch.distributed.fsdp from 2.6)")
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 4):
+        return (f"torch {torch.__version__}'s fully_shard needs CUDA streams "
+                "(FSDPCommContext.lazy_init); FSDP2 on CPU is torch >= 2.4")
+    return None
+
+
 class Uneven(nn.Module):
     """Layers of 7, 5 and 3 rows, which 2 ranks hold as 4 + 3, 3 + 2 and 2 + 1 rows (torch.chunk),
     and a 1-row head, of which rank 1 holds nothing."""

@@ -8,27 +8,14 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import dist_workers
 import fsdp2_workers
 
 
-def _why_not():
-    if not dist.is_available() or not dist.is_gloo_available():
-        return "torch.distributed with gloo is not available"
-    if fsdp2_workers.fully_shard_function() is None:
-        return (f"torch {torch.__version__} has no fully_shard (FSDP2: torch >= 2.4, in "
-                "torch.distributed._composable.fsdp, torch.distributed.fsdp from 2.6)")
-    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
-    if (major, minor) < (2, 4):
-        return (f"torch {torch.__version__}'s fully_shard needs CUDA streams "
-                "(FSDPCommContext.lazy_init); FSDP2 on CPU is torch >= 2.4")
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+pytestmark = pytest.mark.skipif(fsdp2_workers.why_not() is not None,
+                                reason=str(fsdp2_workers.why_not()))
 
 STEPS, K = 6, 3
 

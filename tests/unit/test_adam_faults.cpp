@@ -812,3 +812,87 @@ TEST_CASE(
     REQUIRE(rig.params() == reference.params());
   }
 }
+
+TEST_CASE(
+    "streamed mode with bf16 and int8 moments: bit for bit as the cpu step, the moments over "
+    "the link as stored, a device fault all or nothing",
+    "[adam][faults][state]") {
+  auto gen = test::rng(1108);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  for (adam_state_dtype dtype : {adam_state_dtype::bf16, adam_state_dtype::int8}) {
+    for (fault_kind kind : {fault_kind::h2d_copy, fault_kind::d2h_copy, fault_kind::compute}) {
+      auto plan = test::device_params_plan(gen, adam_mode::streamed, 20000);
+      plan.options.state_dtype = dtype;
+      // Whole int8 blocks per chunk as given (so the fault's copy count is the plan's).
+      plan.options.chunk_elements = 256 * uniform(gen, 1, 12);
+      auto on_cpu = plan;
+      on_cpu.options.mode = adam_mode::cpu;
+      const std::size_t steps = 5;
+      const std::size_t faulty_step = uniform(gen, 0, steps - 1);
+      INFO(to_string(dtype) << ", " << name_of(kind) << " in step " << faulty_step << ", "
+                            << plan.describe());
+      adam_rig cpu(on_cpu);
+      adam_rig streamed(plan);
+      adam_rig faulty(plan);
+      cpu.build(policy);
+      streamed.build(policy);
+      faulty.build(policy);
+      REQUIRE(streamed.opt().mode() == adam_mode::streamed);
+      int errors = 0;
+      for (std::size_t s = 0; s < steps; ++s) {
+        for (adam_rig* rig : {&cpu, &streamed, &faulty}) {
+          rig->set_grads(s);
+        }
+        REQUIRE(cpu.opt().step().applied);
+        REQUIRE(streamed.opt().step().applied);
+        REQUIRE(streamed.state() == cpu.state());
+        check_params(streamed, cpu);
+        const auto before = faulty.state();
+        if (s == faulty_step) {
+          inject(kind, faulty, gen);
+        }
+        errors += step_until_applied(faulty, before, streamed.state(), nullptr);
+        REQUIRE(faulty.state() == streamed.state());
+        check_params(faulty, streamed);
+      }
+      CHECK(errors == 1);
+    }
+  }
+}
+
+TEST_CASE("streamed mode stages and undoes compressed moments as they are stored",
+          "[adam][state]") {
+  auto gen = test::rng(1109);
+  const topology topo = topology::discover();
+  auto policy = test::rig_placement(topo);
+  adam_plan plan;
+  plan.seed = gen();
+  const std::size_t n = 256 * uniform(gen, 40, 80);
+  plan.groups = {{{param_dtype::bf16, n, false}}};
+  plan.hyper = {test::random_hyper(gen)};
+  plan.options.mode = adam_mode::streamed;
+  const std::size_t chunk = 256 * uniform(gen, 4, 16);
+  plan.options.chunk_elements = chunk;
+  plan.options.window = static_cast<unsigned>(uniform(gen, 0, 3));
+  std::map<adam_state_dtype, std::uint64_t> undo;
+  for (adam_state_dtype dtype :
+       {adam_state_dtype::f32, adam_state_dtype::bf16, adam_state_dtype::int8}) {
+    plan.options.state_dtype = dtype;
+    adam_rig rig(plan);
+    rig.build(policy);
+    rig.set_grads(0);
+    REQUIRE(rig.opt().step().applied);
+    undo[dtype] = rig.opt().metrics().hbm_undo_bytes;
+  }
+  // A slot holds the largest chunk's master (4 B per element) and its moments as stored (fp32
+  // 8 B, bf16 4 B, int8 2 B and a scale each per 256): the staged buffers' own sizes.
+  INFO("n " << n << ", chunk " << chunk << ", window " << plan.options.window << ": undo fp32 "
+            << undo[adam_state_dtype::f32] << ", bf16 " << undo[adam_state_dtype::bf16] << ", int8 "
+            << undo[adam_state_dtype::int8]);
+  REQUIRE(undo[adam_state_dtype::f32] % (12 * chunk) == 0);
+  const std::uint64_t slots = undo[adam_state_dtype::f32] / (12 * chunk);
+  CHECK(slots >= 1);
+  CHECK(undo[adam_state_dtype::bf16] == slots * 8 * chunk);
+  CHECK(undo[adam_state_dtype::int8] == slots * (6 * chunk + 8 * (chunk / 256)));
+}

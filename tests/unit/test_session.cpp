@@ -9,6 +9,7 @@
 
 #include "adam_harness.hpp"
 #include "test_support.hpp"
+#include "tierflow/detail/adam_master.hpp"
 #include "tierflow/emulated_device.hpp"
 #include "tierflow/session.hpp"
 
@@ -338,6 +339,118 @@ TEST_CASE(
   CHECK_FALSE(s->has_optimizer());
   for (std::size_t w = 0; w < grads.size(); ++w) {
     dev.memory().deallocate(grads[w], s->weight_bytes(w));
+  }
+}
+
+TEST_CASE(
+    "session: bf16 tier copies with the master in 16 bits step as with an fp32 master, bit for "
+    "bit",
+    "[session][adam][master]") {
+  auto gen = test::rng(1110);
+  const std::size_t blocks = test::uniform(gen, 2, 4);
+  std::vector<std::vector<std::size_t>> sizes(blocks);
+  for (auto& block : sizes) {
+    for (std::size_t j = 0, count = test::uniform(gen, 1, 2); j < count; ++j) {
+      block.push_back(test::uniform(gen, 2000, 9000));
+    }
+  }
+  const auto state = gen() % 2 == 0 ? adam_state_dtype::int8 : adam_state_dtype::f32;
+  INFO(blocks << " blocks, " << to_string(state) << " moments");
+  const std::uint64_t values_seed = gen();
+  struct run {
+    std::unique_ptr<session> s;
+    std::vector<void*> grads;
+    offload_adam* opt = nullptr;
+  };
+  run runs[2];
+  for (int k = 0; k < 2; ++k) {
+    run& r = runs[k];
+    r.s = std::make_unique<session>(session_device(), topology::discover(), quiet_options(2));
+    std::vector<std::vector<session_weight>> plan(blocks);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      for (std::size_t n : sizes[b]) {
+        plan[b].push_back({"", n * 2, nullptr});
+      }
+    }
+    r.s->set_blocks(std::move(plan));
+    std::mt19937_64 values(values_seed);
+    adam_group group;
+    group.hyper.lr = 1e-2;
+    group.hyper.weight_decay = 0.05;
+    for (std::size_t w = 0; w < r.s->weight_count(); ++w) {
+      const std::size_t n = r.s->weight_bytes(w) / 2;
+      const auto init =
+          test::encode_values(test::nonzero_normals(n, 1.0f, values), param_dtype::bf16);
+      std::memcpy(r.s->weight_host(w), init.data(), init.size());
+      r.grads.push_back(r.s->dev().memory().allocate(r.s->weight_bytes(w)));
+      adam_param p;
+      p.name = r.s->weight_name(w);
+      p.weight = w;
+      p.grad = r.grads.back();
+      p.dtype = param_dtype::bf16;
+      p.elements = n;
+      group.params.push_back(p);
+    }
+    adam_options o;
+    o.mode = adam_mode::cpu;
+    o.chunk_elements = 1024;
+    o.state_dtype = state;
+    o.master = k == 0 ? adam_master::fp32 : adam_master::remainder;
+    r.opt = &r.s->make_optimizer({group}, o);
+  }
+  std::mt19937_64 grad_gen(gen());
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::vector<unsigned char>> g;
+    for (std::size_t w = 0; w < runs[0].s->weight_count(); ++w) {
+      g.push_back(
+          test::encode_values(test::nonzero_normals(runs[0].s->weight_bytes(w) / 2, 0.3f, grad_gen),
+                              param_dtype::bf16));
+    }
+    for (run& r : runs) {
+      for (std::size_t w = 0; w < r.s->weight_count(); ++w) {
+        std::memcpy(r.grads[w], g[w].data(), g[w].size());
+      }
+      for (std::size_t b = 0; b < blocks; ++b) {
+        (void)r.s->acquire(b, pass_direction::forward);
+        r.s->release();
+      }
+      for (std::size_t b = blocks; b-- > 0;) {
+        (void)r.s->acquire(b, pass_direction::backward);
+        r.s->release();
+      }
+      REQUIRE(r.opt->step().applied);
+    }
+  }
+  std::uint64_t low_bits = 0;
+  for (std::size_t w = 0; w < runs[0].s->weight_count(); ++w) {
+    INFO("weight " << w);
+    const std::vector<float> master = runs[0].opt->master_weights(0, w);
+    REQUIRE(runs[1].opt->master_weights(0, w) == master);
+    CHECK(runs[1].opt->exp_avg_sq(0, w) == runs[0].opt->exp_avg_sq(0, w));
+    // The tier copies: the master rounded to even (fp32 master), ties away (remainder).
+    std::vector<std::uint16_t> even(master.size()), away(master.size()), low(master.size());
+    detail::store_params(adam_kernel::scalar, master.data(), even.data(), param_dtype::bf16,
+                         master.size());
+    detail::split_master(master.data(), away.data(), low.data(), master.size());
+    CHECK(std::memcmp(runs[0].s->weight_host(w), even.data(), even.size() * 2) == 0);
+    CHECK(std::memcmp(runs[1].s->weight_host(w), away.data(), away.size() * 2) == 0);
+    for (const std::uint16_t l : low) {
+      low_bits += l != 0 ? 1 : 0;
+    }
+  }
+  CHECK(low_bits > 0);  // the masters hold bits a bf16 cannot
+  // 2 B of master per element instead of 4.
+  std::size_t elements = 0;
+  for (const auto& block : sizes) {
+    for (std::size_t n : block) {
+      elements += n;
+    }
+  }
+  CHECK(runs[0].opt->metrics().state_bytes - runs[1].opt->metrics().state_bytes == 2 * elements);
+  for (run& r : runs) {
+    for (std::size_t w = 0; w < r.grads.size(); ++w) {
+      r.s->dev().memory().deallocate(r.grads[w], r.s->weight_bytes(w));
+    }
   }
 }
 

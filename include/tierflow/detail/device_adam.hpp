@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tierflow/detail/adam_scalars.hpp"
+#include "tierflow/detail/adam_state.hpp"
 #include "tierflow/device.hpp"
 #include "tierflow/offload_adam.hpp"
 
@@ -25,6 +26,12 @@ class device_adam {
   /** Updates master/m/v (device pointers) and writes the params in @p dtype. */
   virtual void update(stream& on, float* master, float* m, float* v, const void* grad, void* param,
                       param_dtype dtype, std::size_t n, const adam_scalars& scalars) = 0;
+  /** update() with moments of any state dtype: @p moments holds device pointers to the chunk's
+   *  first element (m, v and, for int8, the chunk's first block's scales), the same bytes the
+   *  cpu step's adam_update_state gives. */
+  virtual void update_state(stream& on, float* master, const state_arrays& moments,
+                            const void* grad, void* param, param_dtype dtype, std::size_t n,
+                            const adam_scalars& scalars) = 0;
 };
 
 /** The device_adam for @p dev with room for @p chunks sums.

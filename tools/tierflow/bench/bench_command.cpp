@@ -37,6 +37,7 @@ struct bench_options {
   bool no_cache = false;
   bool no_huge_pages = false;
   std::string adam_layout = "staggered";
+  std::vector<std::string> state_dtypes;
   std::size_t buffer_mib = 0;
   std::size_t link_mib = 256;
   std::size_t llc_mib = 0;
@@ -406,6 +407,21 @@ int run(bench_options& o) {
                       "apart in one buffer)",
                       o.adam_layout);
   }
+  if (!o.state_dtypes.empty()) {
+    o.config.state_dtypes.clear();
+    for (const auto& name : o.state_dtypes) {
+      const auto dtype = parse_adam_state_dtype(name);
+      if (!dtype) {
+        throw input_error("--state-dtype", "must be fp32, bf16 or int8 (a comma-separated list)",
+                          name);
+      }
+      if (std::find(o.config.state_dtypes.begin(), o.config.state_dtypes.end(), *dtype) !=
+          o.config.state_dtypes.end()) {
+        throw input_error("--state-dtype", "is named twice", name);
+      }
+      o.config.state_dtypes.push_back(*dtype);
+    }
+  }
   for (const auto kib : o.chunk_kib) {
     if ((kib << 10) > o.config.link_bytes) {
       throw input_error("--chunk-kib",
@@ -520,6 +536,10 @@ action add_bench_command(CLI::App& app) {
                   "Where the Adam cases' p, g, m, v start: staggered (apart modulo 256 MiB) or "
                   "aliased (exactly 256 MiB apart, the layout that slows the step)")
       ->check(CLI::IsMember({"staggered", "aliased"}));
+  cmd->add_option("--state-dtype", o->state_dtypes,
+                  "The Adam cases' moments: fp32, bf16, int8, or a list measured side by side "
+                  "(fp32,int8); each with its own bound (default fp32)")
+      ->delimiter(',');
   cmd->add_flag("--no-cache", o->no_cache,
                 "Do not store the measured values for placement and tuning (~/.cache/tierflow)");
   return [o] { return run(*o); };

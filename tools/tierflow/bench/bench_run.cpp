@@ -245,6 +245,14 @@ void run_groups(run_context& ctx, const std::vector<const numa_node*>& from) {
     }
   }
 }
+// The --state-dtype list as names.
+json state_dtype_names(const std::vector<adam_state_dtype>& dtypes) {
+  json out = json::array();
+  for (const auto d : dtypes) {
+    out.push_back(std::string(to_string(d)));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -285,6 +293,7 @@ json run_bench(const bench_config& config, const topology& topo, const bench_pro
                 {"device", config.device},
                 {"huge_pages", config.huge_pages},
                 {"adam_layout", config.adam_aliased ? "aliased" : "staggered"},
+                {"state_dtypes", state_dtype_names(config.state_dtypes)},
                 {"llc_bytes_from", config.llc_bytes ? "--llc-mib" : "sysfs (cpu0 caches)"}};
   if (ctx.array_bytes < 4 * llc) {
     settings["note"] = "buffers are below 4 x the last-level cache: cache bandwidth is measured";

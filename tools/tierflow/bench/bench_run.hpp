@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tierflow/offload_adam.hpp"
 #include "tierflow/topology.hpp"
 
 namespace tierflow::cli {
@@ -45,6 +46,8 @@ struct bench_config {
   bool huge_pages = true;  ///< ask for transparent huge pages (false: refuse them)
   /// the Adam cases' p, g, m, v exactly 256 MiB apart (the layout that aliases), not staggered
   bool adam_aliased = false;
+  /// the Adam cases run once per dtype of the moments (fp32 first by default), side by side
+  std::vector<adam_state_dtype> state_dtypes{adam_state_dtype::f32};
   std::size_t llc_bytes = 0;  ///< the last-level cache the buffer rule uses; 0: detected
 };
 

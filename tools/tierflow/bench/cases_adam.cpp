@@ -1,11 +1,15 @@
 // The Adam cases of `tierflow bench`: the Adam-shaped memory bound, tierflow's CPU Adam
 // kernel, and the whole cpu-mode step through offload_adam (with and without the norm's pass),
-// over state on each node, from the first initiator's CPUs (every CPU of it, or each --threads
-// count), the cases' samples taken in rotation.
+// (and over bf16 params with the master in 16 bits), over state on each node, from the first
+// initiator's CPUs (every CPU of it, or each --threads
+// count), for each --state-dtype (the moments fp32, bf16 or int8; each with its own bound), the
+// cases' samples taken in rotation.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +17,8 @@
 #include "bench/case_registry.hpp"
 #include "tierflow/detail/adam_bound.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
+#include "tierflow/detail/adam_master.hpp"
+#include "tierflow/detail/adam_state.hpp"
 #include "tierflow/detail/stagger.hpp"
 #include "tierflow/offload_adam.hpp"
 #include "tierflow/placement_policy.hpp"
@@ -22,7 +28,13 @@ namespace tierflow::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-using detail::adam_bytes_per_param;
+using detail::adam_bytes_per_param_for;
+using detail::state_block;
+
+// Bytes of one compressed moment's values per element (bf16 2, int8 1; fp32: none here).
+std::size_t narrow_width(adam_state_dtype dtype) {
+  return dtype == adam_state_dtype::bf16 ? 2 : dtype == adam_state_dtype::int8 ? 1 : 0;
+}
 
 // p, g, m and v on the target node, written by the initiator's threads, each staggered in
 // its buffer so that no two are equal modulo the aliasing span (tierflow/detail/stagger.hpp:
@@ -31,8 +43,9 @@ using detail::adam_bytes_per_param;
 struct adam_measure;
 
 struct adam_state final : site_fixture {
-  adam_state(const numa_node& to, std::size_t bytes, bool huge, bool aliased)
-      : n(bytes / sizeof(float) / 64 * 64), aliased_layout(aliased) {
+  adam_state(const numa_node& to, std::size_t bytes, bool huge, bool aliased,
+             const std::vector<adam_state_dtype>& narrow)
+      : n(bytes / sizeof(float) / state_block * state_block), aliased_layout(aliased) {
     if (aliased) {
       // One buffer, the four arrays exactly alias_span apart: the layout to avoid, on purpose.
       buffers.push_back(std::make_unique<node_buffer>(to.id.value, 4 * detail::alias_span, huge));
@@ -47,6 +60,21 @@ struct adam_state final : site_fixture {
             std::make_unique<node_buffer>(to.id.value, n * 4 + detail::stagger_slack, huge));
         auto* base = buffers.back()->as<unsigned char>();
         *a = reinterpret_cast<float*>(base + detail::stagger_offset(base, apart));
+      }
+    }
+    for (const adam_state_dtype kind : narrow) {  // each compressed dtype's own moments
+      detail::state_arrays& a = compressed[kind];
+      a.dtype = kind;
+      for (void** at : {&a.m, &a.v}) {
+        buffers.push_back(std::make_unique<node_buffer>(
+            to.id.value, n * narrow_width(kind) + detail::stagger_slack, huge));
+        auto* base = buffers.back()->as<unsigned char>();
+        *at = base + detail::stagger_offset(base, apart);
+      }
+      for (float** at : {&a.m_scale, &a.v_scale}) {
+        buffers.push_back(
+            std::make_unique<node_buffer>(to.id.value, n / state_block * sizeof(float), huge));
+        *at = buffers.back()->as<float>();
       }
     }
     hyper.weight_decay = 0.01;
@@ -64,7 +92,18 @@ struct adam_state final : site_fixture {
         m[i] = 0.0001f * static_cast<float>(i % 7);
         v[i] = 1e-6f * static_cast<float>(i % 11 + 1);
       }
+      for (auto& [kind, a] : compressed) {  // zero moments, as a new optimizer's
+        const std::size_t width = narrow_width(kind);
+        std::fill(static_cast<unsigned char*>(a.m) + width * begin,
+                  static_cast<unsigned char*>(a.m) + width * end, 0);
+        std::fill(static_cast<unsigned char*>(a.v) + width * begin,
+                  static_cast<unsigned char*>(a.v) + width * end, 0);
+      }
     });
+    for (auto& [kind, a] : compressed) {
+      std::fill(a.m_scale, a.m_scale + n / state_block, 0.0f);
+      std::fill(a.v_scale, a.v_scale + n / state_block, 0.0f);
+    }
   }
 
   // Each array's address modulo the aliasing span, KiB (the layout the run used).
@@ -86,6 +125,9 @@ struct adam_state final : site_fixture {
   float* g = nullptr;
   float* m = nullptr;
   float* v = nullptr;
+  // Each compressed dtype's moments (the kernel and bound cases'), with int8's block scales.
+  std::map<adam_state_dtype, detail::state_arrays> compressed;
+  adam_state_dtype dtype = adam_state_dtype::f32;  // of the measures being made
   adam_kernel kernel = detail::resolve_kernel(adam_kernel::automatic);
   adam_hyper hyper;
   std::size_t probe = n / 3;  // the element verified against the scalar reference
@@ -96,17 +138,24 @@ struct adam_state final : site_fixture {
 // One case at one site: a sample at a time (the cases take turns), then its testcase.
 struct adam_measure {
   adam_measure(const char* case_name, adam_state& state, const bench_site& where)
-      : name(case_name), st(state), site(where) {}
+      : name(case_name), st(state), site(where), dtype(state.dtype) {
+    if (dtype != adam_state_dtype::f32) {
+      name += "_" + std::string(to_string(dtype));
+    }
+  }
   virtual ~adam_measure() = default;
   adam_measure(const adam_measure&) = delete;
   adam_measure& operator=(const adam_measure&) = delete;
   // One run over the arrays, seconds; checks the probe element.
   virtual double once() = 0;
+  // The bytes a step of this case must move per param (its bound's count).
+  [[nodiscard]] virtual double bytes_per_param() const { return adam_bytes_per_param_for(dtype); }
   virtual void describe(json& /*tc*/) const {}
 
-  const char* name;
+  std::string name;  // the case's, with _bf16 or _int8 for compressed moments
   adam_state& st;
   bench_site site;
+  adam_state_dtype dtype;
   std::vector<double> seconds;
   bool verified = true;
 };
@@ -116,14 +165,17 @@ adam_state::~adam_state() = default;
 // Appends the testcase of @p m from its samples' seconds.
 void add_adam_case(run_context& ctx, const adam_measure& m) {
   const adam_state& state = m.st;
+  const double per_param = m.bytes_per_param();
   std::vector<double> gbps;
   for (const double s : m.seconds) {
-    gbps.push_back(adam_bytes_per_param * static_cast<double>(state.n) / s / 1e9);
+    gbps.push_back(per_param * static_cast<double>(state.n) / s / 1e9);
   }
   json tc = testcase(m.name, "adam", "GB/s", gbps);
-  tc["mparams_per_s"] = bench::summarize(gbps).median * 1e9 / adam_bytes_per_param / 1e6;
+  tc["mparams_per_s"] = bench::summarize(gbps).median * 1e9 / per_param / 1e6;
   tc["params"] = state.n;
-  tc["bytes"] = 28 * state.n;
+  tc["state_dtype"] = std::string(to_string(m.dtype));
+  tc["bytes_per_param"] = per_param;
+  tc["bytes"] = static_cast<std::uint64_t>(per_param * static_cast<double>(state.n));
   tc["threads"] = m.site.threads;
   tc["initiator"] = m.site.from.id.value;
   tc["target"] = m.site.to.id.value;
@@ -138,6 +190,24 @@ void add_adam_case(run_context& ctx, const adam_measure& m) {
 struct bound_measure final : adam_measure {
   using adam_measure::adam_measure;
   double once() override {
+    if (dtype != adam_state_dtype::f32) {
+      const detail::state_arrays& a = st.compressed.at(dtype);
+      const std::size_t width = narrow_width(dtype);
+      const bool scaled = dtype == adam_state_dtype::int8;
+      const float p0 = st.p[st.probe], g0 = st.g[st.probe];
+      const double s = st.team->run([&](unsigned t) {
+        auto [begin, end] = part(st.n / state_block, t, site.threads);
+        begin *= state_block;
+        end = std::min(end * state_block, st.n);
+        detail::adam_bound_pass_narrow(
+            st.kernel, st.p + begin, static_cast<unsigned char*>(a.m) + begin * width,
+            static_cast<unsigned char*>(a.v) + begin * width,
+            scaled ? a.m_scale + begin / state_block : nullptr,
+            scaled ? a.v_scale + begin / state_block : nullptr, st.g + begin, end - begin, width);
+      });
+      verified = verified && st.p[st.probe] == p0 - g0;
+      return s;
+    }
     const float g0 = st.g[st.probe], m0 = st.m[st.probe];
     const double s = st.team->run([&](unsigned t) {
       const auto [begin, end] = part(st.n, t, site.threads);
@@ -149,10 +219,56 @@ struct bound_measure final : adam_measure {
   }
 };
 
+// The probe's block of compressed moments copied aside, stepped by the scalar kernel: what the
+// measured kernel must give it (every kernel gives the scalar one's bytes).
+struct block_reference {
+  block_reference(const adam_state& st, const detail::state_arrays& a, std::size_t start)
+      : first(start),
+        width(narrow_width(a.dtype)),
+        p(st.p + first, st.p + first + state_block),
+        m(static_cast<const unsigned char*>(a.m) + first * width,
+          static_cast<const unsigned char*>(a.m) + (first + state_block) * width),
+        v(static_cast<const unsigned char*>(a.v) + first * width,
+          static_cast<const unsigned char*>(a.v) + (first + state_block) * width),
+        ms(a.m_scale[first / state_block]),
+        vs(a.v_scale[first / state_block]),
+        arrays{a.dtype, m.data(), v.data(), &ms, &vs} {}
+  block_reference(const block_reference&) = delete;
+  block_reference& operator=(const block_reference&) = delete;
+  void step(const float* g, const detail::adam_scalars& s) {
+    detail::adam_update_state(adam_kernel::scalar, p.data(), arrays, 0, g + first, param_dtype::f32,
+                              state_block, s);
+  }
+  [[nodiscard]] bool matches(const adam_state& st, const detail::state_arrays& a) const {
+    return std::equal(p.begin(), p.end(), st.p + first) &&
+           std::equal(m.begin(), m.end(), static_cast<const unsigned char*>(a.m) + first * width);
+  }
+  std::size_t first;
+  std::size_t width;
+  std::vector<float> p;
+  std::vector<unsigned char> m, v;
+  float ms, vs;
+  detail::state_arrays arrays;
+};
+
 struct kernel_measure final : adam_measure {
   using adam_measure::adam_measure;
   double once() override {
     const auto scalars = detail::make_adam_scalars(st.hyper, 10, 1.0);
+    if (dtype != adam_state_dtype::f32) {
+      const detail::state_arrays& arrays = st.compressed.at(dtype);
+      block_reference ref(st, arrays, st.probe / state_block * state_block);
+      const double s = st.team->run([&](unsigned t) {
+        auto [begin, end] = part(st.n / state_block, t, site.threads);
+        begin *= state_block;
+        end = std::min(end * state_block, st.n);
+        detail::adam_update_state(st.kernel, st.p + begin, arrays, begin, st.g + begin,
+                                  param_dtype::f32, end - begin, scalars);
+      });
+      ref.step(st.g, scalars);
+      verified = verified && ref.matches(st, arrays);
+      return s;
+    }
     float rp = st.p[st.probe], rm = st.m[st.probe], rv = st.v[st.probe];
     const double s = st.team->run([&](unsigned t) {
       const auto [begin, end] = part(st.n, t, site.threads);
@@ -167,20 +283,40 @@ struct kernel_measure final : adam_measure {
 
 // The whole step as a user calls it: offload_adam in cpu mode over p and g in host memory
 // (its own m and v, placed on the target node; p is its own master), through the public API.
+// With @p split, the params and grads are bf16 (p and g rounded) and the master is kept in 16
+// bits beside the param (adam_master::remainder): a bf16 model's step.
 struct step_measure final : adam_measure {
   step_measure(const char* case_name, adam_state& state, const bench_site& where,
-               const run_context& ctx, bool clip)
+               const run_context& ctx, bool clip, bool split)
       : adam_measure(case_name, state, where),
         dev(open_device("emulated")),
-        placement(ctx.topo, options_for(ctx.topo, where.to)) {
+        placement(ctx.topo, options_for(ctx.topo, where.to)),
+        remainder(split) {
     adam_param param;
     param.name = "p";
     param.param = st.p;
     param.grad = st.g;
     param.elements = st.n;
     adam_options options;
+    if (remainder) {
+      for (std::uint16_t** a : {&p16, &g16}) {
+        halves.push_back(std::make_unique<node_buffer>(
+            where.to.id.value, st.n * 2 + detail::stagger_slack, ctx.config.huge_pages));
+        auto* base = halves.back()->as<unsigned char>();
+        *a = reinterpret_cast<std::uint16_t*>(base + detail::stagger_offset(base, st.apart));
+      }
+      detail::store_params(st.kernel, st.p, p16, param_dtype::bf16, st.n);
+      detail::store_params(st.kernel, st.g, g16, param_dtype::bf16, st.n);
+      param.param = p16;
+      param.grad = g16;
+      param.dtype = param_dtype::bf16;
+      options.master = adam_master::remainder;
+      const std::size_t first = st.probe / state_block * state_block;
+      detail::load_as_f32(p16 + first, param_dtype::bf16, probe_master.data(), state_block);
+    }
     options.mode = adam_mode::cpu;
     options.threads = where.threads;
+    options.state_dtype = dtype;
     options.max_grad_norm = clip ? 1e30 : 0;  // the norm's pass, with a coefficient of 1
     tierflow::adam_group group;
     group.params.push_back(param);
@@ -189,20 +325,50 @@ struct step_measure final : adam_measure {
                                          placement);
   }
 
+  [[nodiscard]] double bytes_per_param() const override {
+    return remainder ? detail::adam_bytes_per_param_remainder(dtype)
+                     : adam_bytes_per_param_for(dtype);
+  }
+
   double once() override {
-    float rp = st.p[st.probe];
+    if (remainder) {
+      return once_split();
+    }
+    // The probe's block: p as the other cases left it, the moments as this optimizer's
+    // (stepped alongside by the scalar kernel, from zero as the optimizer's started).
+    const std::size_t first = st.probe / state_block * state_block;
+    std::vector<float> p(st.p + first, st.p + first + state_block);
     const auto scalars = detail::make_adam_scalars(st.hyper, ++steps, 1.0);
     const auto begin = bench::clock_type::now();
     const adam_step_result r = opt->step();
     const double s = std::chrono::duration<double>(bench::clock_type::now() - begin).count();
-    detail::adam_reference(rp, rm, rv, st.g[st.probe], scalars);
-    verified = verified && r.applied && st.p[st.probe] == rp;
+    detail::adam_update_state(adam_kernel::scalar, p.data(), block.arrays, 0, st.g + first,
+                              param_dtype::f32, state_block, scalars);
+    verified = verified && r.applied && std::equal(p.begin(), p.end(), st.p + first);
+    return s;
+  }
+
+  // The probe's block stepped beside by the scalar kernel from its fp32 master (the param's
+  // value at the start): the param must be that master rounded, ties away, after each step.
+  double once_split() {
+    const std::size_t first = st.probe / state_block * state_block;
+    const auto scalars = detail::make_adam_scalars(st.hyper, ++steps, 1.0);
+    const auto begin = bench::clock_type::now();
+    const adam_step_result r = opt->step();
+    const double s = std::chrono::duration<double>(bench::clock_type::now() - begin).count();
+    detail::adam_update_state(adam_kernel::scalar, probe_master.data(), block.arrays, 0,
+                              g16 + first, param_dtype::bf16, state_block, scalars);
+    std::vector<std::uint16_t> high(state_block), low(state_block);
+    detail::split_master(probe_master.data(), high.data(), low.data(), state_block);
+    verified = verified && r.applied && std::equal(high.begin(), high.end(), p16 + first);
     return s;
   }
 
   void describe(json& tc) const override {
     const adam_metrics m = opt->metrics();
-    tc["api"] = "offload_adam::step, cpu mode, p and g in host memory";
+    tc["api"] = "offload_adam::step, cpu mode, p and g in host memory, " +
+                std::string(to_string(dtype)) + " moments" +
+                (remainder ? ", bf16 p and g, the master in 16 bits (remainder)" : "");
     tc["bytes_d2h"] = m.bytes_d2h;
     tc["state_bytes"] = m.state_bytes;
     // Where a step's time goes (means over every step, the warm-up's included): the grads'
@@ -226,9 +392,24 @@ struct step_measure final : adam_measure {
 
   std::unique_ptr<device> dev;
   placement_policy placement;
+  bool remainder = false;
+  std::vector<std::unique_ptr<node_buffer>> halves;  // bf16 p and g (remainder)
+  std::uint16_t* p16 = nullptr;
+  std::uint16_t* g16 = nullptr;
+  std::vector<float> probe_master = std::vector<float>(state_block);
   std::unique_ptr<offload_adam> opt;
   std::uint64_t steps = 0;
-  float rm = 0, rv = 0;  // its m and v start at zero
+  // The probe block's moments in the optimizer's dtype, from zero as its own.
+  struct zero_block {
+    explicit zero_block(adam_state_dtype dtype) : m(2 * state_block * sizeof(float)), v(m.size()) {
+      arrays = {dtype, m.data(), v.data(), &ms, &vs};
+    }
+    zero_block(const zero_block&) = delete;
+    zero_block& operator=(const zero_block&) = delete;
+    std::vector<unsigned char> m, v;
+    float ms = 0, vs = 0;
+    detail::state_arrays arrays;
+  } block{dtype};
 };
 
 // --threads when given, else every CPU of the initiator.
@@ -258,28 +439,40 @@ std::unique_ptr<adam_measure> make_simple(const char* name, const run_context&, 
   return std::make_unique<M>(name, st, site);
 }
 
-template <bool Clip>
+template <bool Clip, bool Split = false>
 std::unique_ptr<adam_measure> make_step(const char* name, const run_context& ctx, adam_state& st,
                                         const bench_site& site) {
-  return std::make_unique<step_measure>(name, st, site, ctx, Clip);
+  return std::make_unique<step_measure>(name, st, site, ctx, Clip, Split);
 }
 
 void run_adam_site(run_context& ctx, const numa_node& from, const numa_node& to,
                    const std::vector<const registered_case*>& selected) {
-  if (!fits(to, 6 * ctx.array_bytes)) {  // p, g, m, v, and a step's own m and v
+  const std::vector<adam_state_dtype>& dtypes = ctx.config.state_dtypes;
+  std::vector<adam_state_dtype> narrow;
+  std::copy_if(dtypes.begin(), dtypes.end(), std::back_inserter(narrow),
+               [](adam_state_dtype d) { return d != adam_state_dtype::f32; });
+  // p, g, m, v, a step's own m and v per dtype (at most fp32's), and the compressed moments
+  // (+ 1: a remainder step's bf16 p and g)
+  const unsigned arrays =
+      5 + 2 * static_cast<unsigned>(dtypes.size()) + static_cast<unsigned>(narrow.size());
+  if (!fits(to, arrays * ctx.array_bytes)) {
     for (const auto* c : selected) {
-      ctx.testcases.push_back(waived(c->info.name, short_of_memory(to, 6, ctx.array_bytes),
+      ctx.testcases.push_back(waived(c->info.name,
+                                     short_of_memory(to, static_cast<int>(arrays), ctx.array_bytes),
                                      from.id.value, to.id.value));
     }
     return;
   }
-  adam_state state(to, ctx.array_bytes, ctx.config.huge_pages, ctx.config.adam_aliased);
+  adam_state state(to, ctx.array_bytes, ctx.config.huge_pages, ctx.config.adam_aliased, narrow);
   for (const unsigned threads : adam_threads(ctx.config, from)) {
     state.team = std::make_unique<pinned_team>(from.cpus, threads);
     state.fill(threads);
     state.measures.clear();
-    for (const auto* c : selected) {
-      c->run(ctx, state, {from, to, threads});
+    for (const adam_state_dtype dtype : dtypes) {
+      state.dtype = dtype;
+      for (const auto* c : selected) {
+        c->run(ctx, state, {from, to, threads});
+      }
     }
     // One warm-up each, then the samples in rotation: a drift of the machine falls on every
     // case alike.
@@ -310,7 +503,10 @@ case_group adam_group() {
                      "the whole cpu-mode step through offload_adam (params, grads in host memory)",
                      make_step<false>),
            adam_case("adam_step_clip", "adam_step with max_grad_norm (the norm's pass)",
-                     make_step<true>)},
+                     make_step<true>),
+           adam_case("adam_step_remainder",
+                     "adam_step over bf16 params and grads, the master in 16 bits beside them",
+                     make_step<false, true>)},
           run_adam_site};
 }
 

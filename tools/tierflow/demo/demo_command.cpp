@@ -47,6 +47,12 @@ void check_demo_options(const demo_options& o) {
   }
   (void)checked_adam_mode(o.adam_mode);
   (void)checked_adam_overlap(o.overlap);
+  if (checked_state_dtype(o.state_dtype, o.adam_mode) != adam_state_dtype::f32 && o.verify) {
+    throw input_error("--state-dtype",
+                      "--verify compares against a resident run with fp32 moments: compressed "
+                      "moments follow it only within their precision",
+                      o.state_dtype);
+  }
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
     throw input_error("--lr", "must be finite and > 0", flag_number_text(o.lr));
   }
@@ -201,6 +207,7 @@ json demo_json(const demo_options& o, const device& dev, const run_result& run,
            {"state_pages", run.state_pages},
            {"seconds", run.seconds},
            {"overlap", ov.overlap},
+           {"state_dtype", o.state_dtype},
            {"exposed_seconds", ov.exposed_seconds},
            {"exposed_fraction", ov.exposed_fraction},
            {"plain_step_seconds", ov.plain_step_seconds},
@@ -349,6 +356,10 @@ action add_demo_command(CLI::App& app) {
                   "none, or backward: each layer's Adam update starts (speculatively) as soon "
                   "as its grad is final in the backward pass; backward_publish: also its new "
                   "weights are written then, not in step()")
+      ->capture_default_str();
+  cmd->add_option("--state-dtype", o->state_dtype,
+                  "How the Adam moments are stored: fp32, bf16 or int8 (8-bit codes, a scale "
+                  "per 256 elements; cpu mode)")
       ->capture_default_str();
   cmd->add_option("--placement", o->placement,
                   "Placement spec, e.g. 'optimizer_state=cxl,dram' (else TIERFLOW_PLACEMENT)")

@@ -34,4 +34,16 @@ adam_overlap checked_adam_overlap(const std::string& text) {
   return *overlap;
 }
 
+adam_state_dtype checked_state_dtype(const std::string& text, const std::string& adam_mode) {
+  const auto dtype = parse_adam_state_dtype(text);
+  if (!dtype) {
+    throw input_error("--state-dtype", "expected fp32, bf16 or int8", text);
+  }
+  if (*dtype != adam_state_dtype::f32 && adam_mode == "streamed") {
+    throw input_error("--state-dtype",
+                      "compressed moments run in cpu mode: use --adam-mode cpu or auto", text);
+  }
+  return *dtype;
+}
+
 }  // namespace tierflow::cli::demo

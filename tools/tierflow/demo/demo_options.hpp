@@ -28,7 +28,8 @@ struct demo_options {
   std::uint64_t window = 2;
   double hbm_budget_mib = 0;  // 0: room for window + 2 layers
   std::string adam_mode = "auto";
-  std::string overlap = "none";  // none | backward (grad_ready() per layer, see demo.md)
+  std::string overlap = "none";      // none | backward (grad_ready() per layer, see demo.md)
+  std::string state_dtype = "fp32";  // fp32 | bf16 | int8: the Adam moments' storage
   std::string placement;
   std::string emu_link;
   std::string device = "auto";
@@ -50,5 +51,9 @@ adam_mode checked_adam_mode(const std::string& text);
 
 /** @brief The overlap of --overlap. @throws input_error unless none or backward */
 adam_overlap checked_adam_overlap(const std::string& text);
+
+/** @brief The moments' dtype of --state-dtype. @throws input_error unless fp32, bf16 or int8,
+ *  or a compressed one with --adam-mode streamed */
+adam_state_dtype checked_state_dtype(const std::string& text, const std::string& adam_mode);
 
 }  // namespace tierflow::cli::demo

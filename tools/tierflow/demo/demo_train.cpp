@@ -89,6 +89,7 @@ offload_adam& make_offload_adam(const demo_options& o, session& sess,
   ao.mode = checked_adam_mode(o.adam_mode);
   ao.chunk_elements = std::min<std::size_t>(n, o.adam_chunk);
   ao.overlap = checked_adam_overlap(o.overlap);
+  ao.state_dtype = checked_state_dtype(o.state_dtype, o.adam_mode);
   return sess.make_optimizer({group}, ao);
 }
 

@@ -1,5 +1,6 @@
 // `tierflow plan`: sizes a training run on paper from a spec file (plan_spec.hpp), with the
 // model of plan_model.hpp; a table or JSON (plan_report.hpp).
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@ struct plan_options {
   std::string spec;
   std::string machine;      // a `tierflow topo --json` document: the node's tiers and GPUs
   std::uint64_t nodes = 0;  // 0: the spec's
+  std::string state_dtype;  // empty: the spec's
   bool json = false;
 };
 
@@ -63,6 +65,61 @@ json kinds_json(const rank_bytes& b) {
   return j;
 }
 
+// A count of params, or "no bound" (inf: that memory holds none of what grows with the model).
+std::string params_text(double params) {
+  if (std::isinf(params)) {
+    return "no bound";
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", std::floor(params));
+  return text;
+}
+
+std::string per_param_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", bytes);
+  return text;
+}
+
+// Where the optimizer state lives, the memory whose capacity it competes for, and its verb.
+const char* state_memory_holds(const plan::plan_spec& s) {
+  return s.offload_optimizer ? "the host tiers hold" : "HBM holds";
+}
+
+// The moments' dtype; uncompressed moments are of model.state_dtype, which may not be fp32.
+std::string moments_name(const plan::plan_spec& s, adam_state_dtype d) {
+  if (d == adam_state_dtype::f32 && s.state_bytes != 4) {
+    return "model.state_dtype";
+  }
+  return std::string(to_string(d));
+}
+
+// inf (no bound) and nan (nothing fits with fp32 state) as JSON null.
+json finite_or_null(double x) {
+  return std::isfinite(x) ? json(x) : json();
+}
+
+json state_json(const plan::plan_spec& s, const plan::state_capacity& c) {
+  return {{"state_dtype", moments_name(s, c.state_dtype)},
+          {"master", plan::to_string(c.master)},
+          {"state_bytes_per_param", c.state_bytes_per_param},
+          {"step_bytes_per_param", c.step_bytes_per_param},
+          {"max_params_hbm", finite_or_null(c.max_params_hbm)},
+          {"max_params_host", finite_or_null(c.max_params_host)},
+          {"max_params", finite_or_null(c.max_params())},
+          {"vs_fp32", finite_or_null(c.vs_fp32)}};
+}
+
+json optimizer_json(const plan::plan_spec& s, const plan_result& r) {
+  json j = state_json(s, r.state);
+  j["state_in"] = s.offload_optimizer ? "host" : "hbm";
+  j["options"] = json::array();
+  for (const auto& c : r.state_options) {
+    j["options"].push_back(state_json(s, c));
+  }
+  return j;
+}
+
 json result_json(const plan::plan_spec& s, const plan_result& r) {
   json j;
   j["spec"] = s.name;
@@ -79,6 +136,7 @@ json result_json(const plan::plan_spec& s, const plan_result& r) {
   j["memory"]["host_fits"] = r.host_fits;
   j["memory"]["spill"] = r.spill;
   j["fits"] = r.fits();
+  j["optimizer"] = optimizer_json(s, r);
   for (const auto& st : r.stages) {
     j["step"]["stages"].push_back({{"name", st.name},
                                    {"scope", st.scope},
@@ -124,6 +182,34 @@ void print_memory(std::FILE* out, const plan::plan_spec& s, const plan_result& r
   std::fprintf(out, "host tiers: %s\n\n", r.host_fits ? "fit" : "DO NOT FIT");
 }
 
+void print_optimizer(std::FILE* out, const plan::plan_spec& s, const plan_result& r) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : r.state_options) {
+    const bool spec = c.state_dtype == r.state.state_dtype && c.master == r.state.master;
+    rows.push_back({moments_name(s, c.state_dtype), plan::to_string(c.master),
+                    per_param_text(c.state_bytes_per_param), per_param_text(c.step_bytes_per_param),
+                    params_text(c.max_params_hbm), params_text(c.max_params_host),
+                    std::isfinite(c.vs_fp32) ? format_number(c.vs_fp32, 2) + "x" : "-",
+                    spec ? "<- spec" : ""});
+  }
+  std::fprintf(out,
+               "Optimizer state per param, and the largest model each memory holds with it "
+               "(x fp32: in %s)\n%s",
+               s.offload_optimizer ? "the host tiers" : "HBM",
+               render_table({"moments", "master", "B/param", "step B/param", "HBM holds",
+                             "host tiers hold", "x fp32", ""},
+                            rows)
+                   .c_str());
+  const plan::state_capacity& c = r.state;
+  const double held = s.offload_optimizer ? c.max_params_host : c.max_params_hbm;
+  const std::string ratio = std::isfinite(c.vs_fp32) ? format_number(c.vs_fp32, 2) + "x" : "-";
+  std::fprintf(out, "%s state%s: %s B/param; %s %s the params of fp32 state (%s params)\n\n",
+               moments_name(s, c.state_dtype).c_str(),
+               c.master == plan::master_kind::remainder ? " + remainder master" : "",
+               per_param_text(c.state_bytes_per_param).c_str(), state_memory_holds(s),
+               ratio.c_str(), params_text(held).c_str());
+}
+
 void print_step(std::FILE* out, const plan_result& r) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& st : r.stages) {
@@ -151,6 +237,9 @@ int run_plan(const plan_options& o) {
   if (o.nodes > 0) {
     s.nodes = o.nodes;
   }
+  if (!o.state_dtype.empty()) {
+    plan::set_state_dtype(s, o.state_dtype);
+  }
   plan::print_plan(stdout, s, plan::size_plan(s), o.json, o.machine);
   return exit_ok;
 }
@@ -170,6 +259,7 @@ void print_plan(std::FILE* out, const plan_spec& s, const plan_result& r, bool a
       std::fprintf(out, "each node as measured in %s\n", machine.c_str());
     }
     print_memory(out, s, r);
+    print_optimizer(out, s, r);
     print_step(out, r);
   }
 }
@@ -186,6 +276,10 @@ action add_plan_command(CLI::App& app) {
                   "real machine, instead of the spec's");
   cmd->add_option("--nodes", o->nodes, "Node count instead of the spec's")
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1000000}));
+  cmd->add_option("--state-dtype", o->state_dtype,
+                  "How Adam's m and v are stored instead of the spec's optimizer.state_dtype: "
+                  "fp32, bf16 or int8")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   cmd->add_flag("--json", o->json, "Print JSON instead of tables");
   return [o] { return run_plan(*o); };
 }

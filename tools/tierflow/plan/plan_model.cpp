@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "tierflow/error.hpp"
 
@@ -35,9 +36,43 @@ shards shard_sizes(const plan_spec& s, double ranks) {
   return sh;
 }
 
-// The fp32 master copy exists only when the params are kept in a narrower type.
+// The fp32 master copy exists only when the params are kept in a narrower type; a remainder
+// master is its low 16 bits (the bf16 weight beside it is the high 16).
 double master_bytes(const plan_spec& s) {
+  if (s.master == master_kind::remainder) {
+    return 2.0;
+  }
   return s.param_bytes < s.state_bytes ? s.state_bytes : 0.0;
+}
+
+// One Adam moment (m or v) per param: uncompressed, model.state_dtype; int8 codes carry one
+// fp32 scale per block of 256 (include/tierflow/detail/adam_state.hpp's state_block).
+double moment_bytes(const plan_spec& s) {
+  switch (s.adam_state) {
+    case adam_state_dtype::bf16:
+      return 2.0;
+    case adam_state_dtype::int8:
+      return 1.0 + 4.0 / 256.0;
+    case adam_state_dtype::f32:
+      break;
+  }
+  return s.state_bytes;
+}
+
+double optimizer_state_bytes(const plan_spec& s) {
+  return master_bytes(s) + 2.0 * moment_bytes(s);
+}
+
+// The update's bytes per param of the optimizer shard: it reads the state and each gradient
+// copy (and, with a remainder master, the bf16 weight that is the master's high half) and
+// writes the state and the updated weight.
+double optimizer_reads(const plan_spec& s, double grad_copies) {
+  const double weight = s.master == master_kind::remainder ? s.param_bytes : 0.0;
+  return optimizer_state_bytes(s) + s.grad_bytes * grad_copies + weight;
+}
+
+double optimizer_writes(const plan_spec& s) {
+  return optimizer_state_bytes(s) + s.param_bytes;
 }
 
 double micro_batch_sbh(const plan_spec& s) {
@@ -68,8 +103,8 @@ void size_memory(const plan_spec& s, plan_result& r) {
   (s.offload_params ? r.host : r.hbm).weights = sh.params * s.param_bytes;
   rank_bytes& opt = s.offload_optimizer ? r.host : r.hbm;
   opt.master = sh.optimizer * master_bytes(s);
-  opt.adam_m = sh.optimizer * s.state_bytes;
-  opt.adam_v = sh.optimizer * s.state_bytes;
+  opt.adam_m = sh.optimizer * moment_bytes(s);
+  opt.adam_v = sh.optimizer * moment_bytes(s);
   if (s.offload_optimizer) {
     // The host holds this rank's gradient partition; an unsharded gradient also stays whole in
     // HBM until it is reduced, a sharded one passes through a bucket (staging).
@@ -128,23 +163,22 @@ step_bytes count_step_bytes(const plan_spec& s, double accumulation) {
   if (s.offload_params) {
     b.h2d += 2.0 * accumulation * sh.params * s.param_bytes;  // forward and backward
   }
-  double optimizer_reads = 0;
-  double optimizer_writes = 0;
+  double update_reads = 0;
+  double update_writes = 0;
   if (s.offload_optimizer) {
     const double grad_copies = sharded_grads ? accumulation : 1.0;
     b.d2h += grad_copies * sh.optimizer * s.grad_bytes;
     if (!s.offload_params) {
       b.h2d += sh.optimizer * s.param_bytes;  // the updated shard
     }
-    const double state = master_bytes(s) + 2.0 * s.state_bytes;
-    optimizer_reads = sh.optimizer * (state + s.grad_bytes * grad_copies);
-    optimizer_writes = sh.optimizer * (state + s.param_bytes);
+    update_reads = sh.optimizer * optimizer_reads(s, grad_copies);
+    update_writes = sh.optimizer * optimizer_writes(s);
   } else if (s.offload_params) {
     b.d2h += sh.params * s.param_bytes;  // updated weights back to their tier
   }
   const double gpus = static_cast<double>(s.gpus_per_node);
-  b.tier_reads = gpus * (b.h2d + optimizer_reads);
-  b.tier_writes = gpus * (b.d2h + optimizer_writes);
+  b.tier_reads = gpus * (b.h2d + update_reads);
+  b.tier_writes = gpus * (b.d2h + update_writes);
   // Collectives over the whole model; a node moves (nodes-1)/nodes of each one's volume
   // (hierarchical: NVLink inside the node, a ring of nodes between them).
   const double psi = s.params;
@@ -303,6 +337,62 @@ void advise_bottleneck(const plan_spec& s, plan_result& r) {
   r.advice.emplace_back(text);
 }
 
+// The largest Ψ with a·Ψ + c ≤ capacity, where the bytes of @p at are a·Ψ + c (c: the
+// activations, the one kind that does not grow with Ψ; every other kind is linear in Ψ).
+double max_params(const rank_bytes& at, double psi, double per, double capacity) {
+  const double slope = per * (at.total() - at.activations) / psi;
+  if (!(slope > 0)) {
+    return std::numeric_limits<double>::infinity();
+  }
+  return std::max(0.0, (capacity - per * at.activations) / slope);
+}
+
+state_capacity size_state(plan_spec s, adam_state_dtype dtype, master_kind master) {
+  s.adam_state = dtype;
+  s.master = master;
+  state_capacity c;
+  c.state_dtype = dtype;
+  c.master = master;
+  c.state_bytes_per_param = optimizer_state_bytes(s);
+  c.step_bytes_per_param = optimizer_reads(s, 1.0) + optimizer_writes(s);
+  const plan_result r = size_memory_only(s);
+  double capacity = 0;
+  for (const auto& t : s.tiers) {
+    capacity += t.capacity_bytes;
+  }
+  c.max_params_hbm = max_params(r.hbm, s.params, 1.0, s.hbm_bytes);
+  c.max_params_host = max_params(r.host, s.params, static_cast<double>(s.gpus_per_node), capacity);
+  return c;
+}
+
+void size_states(const plan_spec& s, plan_result& r) {
+  const auto held = [&](const state_capacity& c) {
+    return s.offload_optimizer ? c.max_params_host : c.max_params_hbm;
+  };
+  r.state_options.clear();
+  if (s.state_bytes == 4) {
+    std::vector<master_kind> masters = {master_kind::fp32};
+    if (remainder_refusal(s).empty()) {
+      masters.push_back(master_kind::remainder);
+    }
+    for (const auto master : masters) {
+      for (const auto dtype :
+           {adam_state_dtype::f32, adam_state_dtype::bf16, adam_state_dtype::int8}) {
+        r.state_options.push_back(size_state(s, dtype, master));
+      }
+    }
+  } else {
+    r.state_options.push_back(size_state(s, s.adam_state, s.master));
+  }
+  const double baseline = held(r.state_options.front());
+  for (auto& c : r.state_options) {
+    c.vs_fp32 = baseline > 0 ? held(c) / baseline : std::numeric_limits<double>::quiet_NaN();
+    if (c.state_dtype == s.adam_state && c.master == s.master) {
+      r.state = c;
+    }
+  }
+}
+
 }  // namespace
 
 plan_result size_plan(const plan_spec& s) {
@@ -353,6 +443,7 @@ plan_result size_plan(const plan_spec& s) {
   }
   advise_memory(s, r);
   advise_bottleneck(s, r);
+  size_states(s, r);
   return r;
 }
 

@@ -42,6 +42,23 @@ struct stage_bound {
   double time_s = 0;
 };
 
+/** @brief One way of storing the optimizer state (moments' dtype, master), its bytes per param
+ *  and the largest model each memory holds with it, the rest of the spec unchanged. */
+struct state_capacity {
+  adam_state_dtype state_dtype = adam_state_dtype::f32;
+  master_kind master = master_kind::fp32;
+  double state_bytes_per_param = 0;  ///< master + m + v (int8: with its scales)
+  double step_bytes_per_param = 0;   ///< the update's reads and writes (one gradient copy)
+  double max_params_hbm = 0;         ///< largest Ψ whose HBM bytes fit; inf: no bound
+  double max_params_host = 0;        ///< largest Ψ whose host bytes fit the tiers; inf: none
+  /** The largest Ψ the memory holding the optimizer state holds (the host tiers when it is
+   *  offloaded, else HBM), over the same with fp32 state and an fp32 master. */
+  double vs_fp32 = 0;
+  [[nodiscard]] double max_params() const {
+    return max_params_hbm < max_params_host ? max_params_hbm : max_params_host;
+  }
+};
+
 /** @brief Everything `tierflow plan` reports. */
 struct plan_result {
   std::uint64_t ranks = 0;
@@ -61,6 +78,10 @@ struct plan_result {
   double tokens_per_s = 0;
   double mfu = 0;  ///< 6·Ψ·tokens / (step_bound · ranks · peak)
   std::vector<std::string> advice;
+  state_capacity state;  ///< the spec's optimizer state
+  /** fp32, bf16, int8 moments with an fp32 master (fp32 first: the baseline), then with a
+   *  remainder master where one applies; only the spec's where model.state_dtype is not fp32. */
+  std::vector<state_capacity> state_options;
   [[nodiscard]] bool fits() const { return hbm_fits && host_fits; }
 };
 

@@ -105,12 +105,15 @@ class spec_checker : public json_checker {
 };
 
 double dtype_bytes(const json& object, const std::string& where, const char* key, double fallback,
-                   const spec_checker& check) {
+                   const spec_checker& check, std::string* name_out = nullptr) {
   const auto it = object.find(key);
   if (it == object.end()) {
     return fallback;
   }
   const std::string name = it->is_string() ? it->get<std::string>() : "";
+  if (name_out != nullptr) {
+    *name_out = name;
+  }
   if (name == "fp32") {
     return 4;
   }
@@ -129,7 +132,7 @@ void parse_model(const json& doc, const spec_checker& check, plan_spec& s) {
   s.params = check.number(m, "model", "params", 1e15, true);
   s.layers = check.count(m, "model", "layers", 1e6);
   s.hidden = check.count(m, "model", "hidden", 1e7);
-  s.param_bytes = dtype_bytes(m, "model", "param_dtype", 2, check);
+  s.param_bytes = dtype_bytes(m, "model", "param_dtype", 2, check, &s.param_dtype);
   s.grad_bytes = dtype_bytes(m, "model", "grad_dtype", 2, check);
   s.state_bytes = dtype_bytes(m, "model", "state_dtype", 4, check);
 }
@@ -207,7 +210,86 @@ void parse_training(const json& doc, const spec_checker& check, plan_spec& s) {
   }
 }
 
+// The moments' dtypes as the spec and --state-dtype name them (the library's names, less its
+// "f32" alias).
+bool parse_state_dtype(const std::string& name, adam_state_dtype& out) {
+  for (auto d : {adam_state_dtype::f32, adam_state_dtype::bf16, adam_state_dtype::int8}) {
+    if (name == to_string(d)) {
+      out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+constexpr const char* state_dtype_choices = "must be fp32, bf16 or int8";
+constexpr const char* compressed_needs_fp32 =
+    "compresses fp32 Adam state, and model.state_dtype is not fp32 (leave one of them out)";
+
+// Optional: {"state_dtype": fp32 | bf16 | int8, "master": fp32 | remainder}; after the
+// training object, whose offload flags a remainder master needs.
+void parse_optimizer(const json& doc, const spec_checker& check, plan_spec& s) {
+  if (!doc.contains("optimizer")) {
+    return;
+  }
+  const json& o = check.object(doc, "", "optimizer", {"state_dtype", "master"});
+  if (const auto it = o.find("state_dtype"); it != o.end()) {
+    if (!it->is_string() || !parse_state_dtype(it->get<std::string>(), s.adam_state)) {
+      check.fail("optimizer.state_dtype", state_dtype_choices, &*it);
+    }
+    if (s.adam_state != adam_state_dtype::f32 && s.state_bytes != 4) {
+      check.fail("optimizer.state_dtype", compressed_needs_fp32, &*it);
+    }
+  }
+  if (const auto it = o.find("master"); it != o.end()) {
+    const std::string name = it->is_string() ? it->get<std::string>() : "";
+    if (name == to_string(master_kind::remainder)) {
+      s.master = master_kind::remainder;
+    } else if (name != to_string(master_kind::fp32)) {
+      check.fail("optimizer.master", "must be fp32 or remainder", &*it);
+    }
+    if (s.master == master_kind::remainder) {
+      if (s.state_bytes != 4) {
+        check.fail("optimizer.master", compressed_needs_fp32, &*it);
+      }
+      if (const std::string why = remainder_refusal(s); !why.empty()) {
+        check.fail("optimizer.master", why, &*it);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+const char* to_string(master_kind m) {
+  return m == master_kind::remainder ? "remainder" : "fp32";
+}
+
+std::string remainder_refusal(const plan_spec& s) {
+  if (s.param_dtype != "bf16") {
+    return "remainder keeps the fp32 master's low 16 bits beside a bf16 weight, which is its "
+           "high 16 bits; model.param_dtype is " +
+           s.param_dtype;
+  }
+  if (!s.offload_optimizer || !s.offload_params) {
+    return "remainder needs the bf16 weights in the host tiers beside the optimizer state, "
+           "whose master they complete (training.offload_params and "
+           "training.offload_optimizer both true)";
+  }
+  return {};
+}
+
+void set_state_dtype(plan_spec& s, std::string_view name) {
+  const std::string text(name);
+  adam_state_dtype d = adam_state_dtype::f32;
+  if (!parse_state_dtype(text, d)) {
+    throw input_error(s.source, std::string("--state-dtype: ") + state_dtype_choices, text);
+  }
+  if (d != adam_state_dtype::f32 && s.state_bytes != 4) {
+    throw input_error(s.source, std::string("--state-dtype: ") + compressed_needs_fp32, text);
+  }
+  s.adam_state = d;
+}
 
 const char* to_string(sharding s) {
   switch (s) {
@@ -229,8 +311,9 @@ plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
   const spec_checker check(source);
   const json doc = check.parse_object(
       text, "a spec is a JSON object with tierflow_plan_spec, model, cluster, training");
-  check.only_keys(doc, "",
-                  {"tierflow_plan_spec", "name", "source", "model", "cluster", "training"});
+  check.only_keys(
+      doc, "",
+      {"tierflow_plan_spec", "name", "source", "model", "cluster", "training", "optimizer"});
   const json& version = check.member(doc, "", "tierflow_plan_spec");
   if (!version.is_number_integer() || version.get<std::int64_t>() != 1) {
     check.fail("tierflow_plan_spec", "unsupported version (this tierflow reads 1)", &version);
@@ -244,6 +327,7 @@ plan_spec parse_plan_spec(std::string_view text, const std::string& source) {
   parse_model(doc, check, s);
   parse_cluster(doc, check, s);
   parse_training(doc, check, s);
+  parse_optimizer(doc, check, s);
   return s;
 }
 
