@@ -113,7 +113,12 @@ struct adam_param {
    * param that is not the device's memory (device::is_device_memory) so too, and an fp32 one
    * of those (the caller's own host memory, not marked param_on_host: a CPU tensor) stepped
    * without an overlap is its own master (8 B of state per param): a write to it is what the
-   * next step starts from; any other param's outside write needs refresh_master(). */
+   * next step starts from. Any other param in host memory (cpu mode) has a master of its own,
+   * and each step compares it with the param first: a value written to the param outside the
+   * optimizer (no call needed) is taken into the master where it differs from the master
+   * stored as the param's dtype (metrics: param_writes_adopted); with an overlap, a write
+   * before the backward pass or between it and step(), not during it. A device param's outside
+   * write needs refresh_master(). */
   bool param_on_host = false;
   /** The index of a weight of the session that makes the optimizer (session::make_optimizer):
    * `param` is then that weight's tier copy and `param_on_host` true. An optimizer made
@@ -309,6 +314,9 @@ struct adam_metrics {
   std::uint64_t speculative_steps = 0;   ///< steps that found work started by grad_ready()
   std::uint64_t rollbacks = 0;           ///< steps that restored a speculative update
   std::uint64_t rolled_back_chunks = 0;  ///< chunks restored, over every step
+  /** @brief cpu mode: param values written outside the optimizer (through no version: a
+   *  tensor's .data) that a step found and took into the master, over every step */
+  std::uint64_t param_writes_adopted = 0;
   /** @brief `{"schema_version":1,"adam":{...}}` (keys in docs/offload-adam.md). */
   [[nodiscard]] std::string to_json() const;
 };
@@ -457,8 +465,11 @@ class offload_adam {
   void set_state(std::size_t group, std::size_t param, const float* master, const float* exp_avg,
                  const float* exp_avg_sq, std::size_t elements, std::uint64_t steps);
   /**
-   * @brief Reads the param's device values into its master weights (widened to fp32), for a
-   * framework that changed them outside the optimizer (loaded a model checkpoint, say).
+   * @brief Reads the param's values into its master weights (widened to fp32) where they
+   * differ from the master stored as the param's dtype (an unchanged value keeps the master's
+   * extra bits), for a framework that changed them outside the optimizer (loaded a model
+   * checkpoint, say). A master split into the param and its remainder becomes the param's
+   * value exactly.
    * @throws device_error when the copy fails (the master then as before); tierflow::error out
    *         of range or while a failed step is pending
    */

@@ -136,8 +136,39 @@ bool adam_core::read_grads_in_place(const chunk_ref& c) {
   return here;
 }
 
-void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars) {
+void adam_core::adopt_param_writes(const chunk_ref& c) {
+  const param_state& p = param_of(c);
+  float* master = p.master_p() + c.offset;
+  const auto* param =
+      static_cast<const unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
+  adopted[c.index] +=
+      detail::adopt_param_writes(kernel, master, master, param, p.desc.dtype, c.count);
+}
+
+void adam_core::count_adopted() {
+  for (auto& n : adopted) {
+    totals.param_writes_adopted += n;
+    n = 0;
+  }
+}
+
+void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars,
+                               bool adopt_writes) {
   param_state& p = param_of(c);
+  if (adopt_writes && p.adopts_param_writes()) {
+    // Blocks of 32 Ki elements (a multiple of an int8 state block): compared, then updated.
+    constexpr std::size_t block = std::size_t{1} << 15;
+    for (std::size_t off = 0; off < c.count; off += block) {
+      chunk_ref part = c;
+      part.offset = c.offset + off;
+      part.count = std::min(block, c.count - off);
+      adopt_param_writes(part);
+      adam_update_state(kernel, p.master_p() + part.offset, p.moments_at, part.offset,
+                        host_grads(c) + off * dtype_bytes(p.desc.dtype), p.desc.dtype, part.count,
+                        scalars);
+    }
+    return;
+  }
   if (p.master_split()) {
     adam_update_split(kernel, static_cast<std::uint16_t*>(p.desc.param) + c.offset,
                       p.master_low + c.offset, p.moments_at, c.offset, host_grads(c), p.desc.dtype,

@@ -70,6 +70,8 @@ struct adam_core {
   std::unique_ptr<event> compute_done;
   std::vector<registration> registered;
   std::vector<double> partial;  // per chunk: Σ g²
+  // per chunk: param values adopted this step (written by the chunk's worker only)
+  std::vector<std::uint64_t> adopted;
   // Per chunk: this step reads its grads where they are (host memory), not in grads_host.
   std::vector<char> grads_in_place;
   // streamed mode's prefetch scheduler (null in cpu mode): adam_streamed_step makes it and
@@ -110,8 +112,16 @@ struct adam_core {
   std::size_t copy_grads_down(const chunk_ref& c, stream& d2h);
   // Chunk @p c's grads are read where they are this step (host memory); false if not.
   bool read_grads_in_place(const chunk_ref& c);
-  // The Adam update of chunk @p c in the tier, from its grads in the host grads buffer.
-  void update_on_host(const chunk_ref& c, const adam_scalars& scalars);
+  // The Adam update of chunk @p c in the tier, from its grads in the host grads buffer. With
+  // @p adopt_writes, a param that adopts_param_writes() first has its master take what was
+  // written to the param outside the optimizer (block by block, each just before its update,
+  // so that the update finds the master and the param in cache).
+  void update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes = false);
+  // Chunk @p c's master takes its param's values where they differ from the master stored as
+  // the param's dtype (counted in adopted); for a param that adopts_param_writes().
+  void adopt_param_writes(const chunk_ref& c);
+  // The values adopted since the last call, into totals.param_writes_adopted.
+  void count_adopted();
   // Every active param's step count, and that of each group with an active param, +1.
   void count_step();
   [[nodiscard]] bool active(const chunk_ref& c) const { return param_of(c).active; }

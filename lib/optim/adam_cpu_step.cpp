@@ -164,6 +164,7 @@ adam_step_result adam_cpu_step::run(adam_step_result result) {
   // 3. Update each chunk in place, then send its params up while the next one updates.
   const auto update_start = clock_type::now();
   update_and_upload(h2d, scalars);
+  core_.count_adopted();
   if (spec != nullptr) {
     spec->end_step();
   }
@@ -242,7 +243,9 @@ void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalar
       return;
     }
     if (speculation_ == nullptr || !speculation_->updated(index)) {
-      core_.update_on_host(c, scalars[c.slot]);
+      // Its param is the master stored as its dtype, but where written outside the optimizer
+      // (a speculative update the step did not keep was restored, params included).
+      core_.update_on_host(c, scalars[c.slot], true);
     }
     if (speculation_ == nullptr || !speculation_->published(index)) {
       upload_chunk(h2d, c, slot_hint);

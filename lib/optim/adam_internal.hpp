@@ -49,6 +49,12 @@ struct param_state {
     return master_is_param || master_split();
   }
   [[nodiscard]] adam_state_dtype state_dtype() const noexcept { return moments_at.dtype; }
+  /** A param in host memory with a master of its own: a write to the param that the master
+   *  did not see (through a tensor's .data: no version records it) is found by comparing the
+   *  param with the master stored as the param's dtype, and adopted (adam_param_writes). */
+  [[nodiscard]] bool adopts_param_writes() const noexcept {
+    return desc.param_on_host && !update_writes_param();
+  }
   /** The master weights' bytes (the param's own, when it is the master). */
   [[nodiscard]] std::size_t master_bytes() const noexcept { return desc.elements * sizeof(float); }
 };

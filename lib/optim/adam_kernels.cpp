@@ -2,6 +2,7 @@
 // where the reference rounds twice, and the kernels would stop matching it.
 #include "tierflow/detail/adam_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -373,6 +374,33 @@ void store_params(adam_kernel kernel, const float* src, void* dst, param_dtype d
       store_scalar(src, dst, dtype, 0, n);
       return;
   }
+}
+
+std::size_t adopt_param_writes(adam_kernel kernel, const float* reference, float* out,
+                               const void* param, param_dtype dtype, std::size_t n) noexcept {
+  // Blocks of the reference stored as params and compared whole (SIMD rounding, memcmp); an
+  // element at a time only where a block differs.
+  constexpr std::size_t block = 512;
+  alignas(64) unsigned char stored[block * sizeof(float)];
+  const std::size_t eb = dtype_bytes(dtype);
+  const auto* in = static_cast<const unsigned char*>(param);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < n; i += block) {
+    const std::size_t k = std::min(block, n - i);
+    store_params(kernel, reference + i, stored, dtype, k);
+    if (std::memcmp(stored, in + i * eb, k * eb) == 0) {
+      continue;
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      if (std::memcmp(stored + j * eb, in + (i + j) * eb, eb) != 0) {
+        ++differ;
+        if (out != nullptr) {
+          out[i + j] = load_one(param, dtype, i + j);
+        }
+      }
+    }
+  }
+  return differ;
 }
 
 void load_as_f32(const void* src, param_dtype dtype, float* dst, std::size_t n) noexcept {

@@ -240,6 +240,7 @@ void offload_adam::impl::make_chunks() {
     }
   }
   core.partial.assign(core.chunks.size(), 0.0);
+  core.adopted.assign(core.chunks.size(), 0);
   core.grads_in_place.assign(core.chunks.size(), 0);
   core.totals.chunks = core.chunks.size();
   core.totals.params = core.total_elements;

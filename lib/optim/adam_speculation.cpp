@@ -5,6 +5,7 @@
 // sum, updated_ flag and state; step() reads them after wait() (the pool's lock again).
 #include "optim/adam_speculation.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -39,6 +40,12 @@ void adam_speculation::allocate() {
   announced_.assign(core_.chunks.size(), 0);
   updated_.assign(core_.chunks.size(), 0);
   published_.assign(core_.chunks.size(), 0);
+  written_.assign(core_.chunks.size(), 0);
+  for (const auto& c : core_.chunks) {
+    if (core_.param_of(c).adopts_param_writes()) {
+      reference_.resize(std::max(reference_.size(), c.count));
+    }
+  }
 }
 
 bool adam_speculation::announced(std::size_t group, std::size_t param) const {
@@ -104,6 +111,9 @@ void adam_speculation::speculate(std::size_t index, std::size_t worker) {
   if (!update_ || !std::isfinite(sum)) {
     return;  // the last step clipped (this one likely does too), or this one is skipped
   }
+  if (p.adopts_param_writes()) {
+    core_.adopt_param_writes(c);  // the backup holds what was written to the param
+  }
   auto* backup = static_cast<unsigned char*>(backup_[c.slot].data());
   const std::size_t n = p.desc.elements;
   std::memcpy(backup + c.offset * sizeof(float), p.master_p() + c.offset, c.count * sizeof(float));
@@ -148,16 +158,58 @@ void adam_speculation::settle_uploads() noexcept {
   }
 }
 
+bool adam_speculation::param_written(std::size_t index) const noexcept {
+  const chunk_ref& c = core_.chunks[index];
+  const param_state& p = *param_by_slot_[c.slot];
+  const float* reference = published_[index] != 0 ? p.master_p() + c.offset : backup_master(c);
+  const auto* param =
+      static_cast<const unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
+  return adopt_param_writes(core_.kernel, reference, nullptr, param, p.desc.dtype, c.count) > 0;
+}
+
+void adam_speculation::find_written() {
+  std::fill(written_.begin(), written_.end(), 0);
+  for (auto& [node, pool] : pools_) {
+    std::vector<std::size_t> mine;
+    for (const auto& c : core_.chunks) {
+      if (c.node == node && updated(c.index) && core_.param_of(c).adopts_param_writes()) {
+        mine.push_back(c.index);
+      }
+    }
+    if (!mine.empty()) {
+      pool->run(mine.size(), [this, &mine](std::size_t task, std::size_t) {
+        written_[mine[task]] = param_written(mine[task]) ? 1 : 0;
+      });
+    }
+  }
+}
+
 void adam_speculation::restore(std::size_t index, bool republish) noexcept {
   const chunk_ref& c = core_.chunks[index];
   const param_state& p = *param_by_slot_[c.slot];
   const auto* backup = static_cast<const unsigned char*>(backup_[c.slot].data());
   const std::size_t n = p.desc.elements;
+  // A write to the param since the speculation (outside the optimizer) stays: its values are
+  // found against what the speculation left there, then adopted into the restored master.
+  const bool written = p.adopts_param_writes() && param_written(index);
+  if (written) {
+    const float* left = published_[index] != 0 ? p.master_p() + c.offset : backup_master(c);
+    std::copy(left, left + c.count, reference_.begin());
+  }
   std::memcpy(p.master_p() + c.offset, backup + c.offset * sizeof(float), c.count * sizeof(float));
   for (const state_piece& piece : state_pieces(p.moments_at, n, c.offset, c.count)) {
     std::memcpy(piece.at, backup + n * sizeof(float) + piece.packed_offset, piece.bytes);
   }
-  if (published_[index] != 0 && republish) {
+  if (written) {
+    const auto* param =
+        static_cast<const unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
+    core_.adopted[index] += adopt_param_writes(core_.kernel, reference_.data(),
+                                               p.master_p() + c.offset, param, p.desc.dtype,
+                                               c.count);
+  }
+  // A param in host memory is always rewritten (a store): the plain step that redoes the
+  // update compares it with the master for writes made outside the optimizer.
+  if (published_[index] != 0 && (republish || p.desc.param_on_host)) {
     try {
       publish(c, p, index);  // the params as they were: derived from the restored master weights
     } catch (const std::exception& e) {
@@ -188,9 +240,11 @@ void adam_speculation::settle(const std::vector<adam_scalars>& scalars, bool cli
   update_ = !clipped;
   bool rolled_back = false;
   bool uploads_settled = false;
+  find_written();
   for (const auto& c : core_.chunks) {
     if (updated(c.index) &&
-        std::memcmp(&scalars[c.slot], &scalars_[c.slot], sizeof(adam_scalars)) != 0) {
+        (written_[c.index] != 0 ||
+         std::memcmp(&scalars[c.slot], &scalars_[c.slot], sizeof(adam_scalars)) != 0)) {
       if (!uploads_settled && published_to_device()) {
         settle_uploads();  // the copies read the master weights that restore() rewrites
         uploads_settled = true;

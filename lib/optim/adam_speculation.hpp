@@ -10,7 +10,10 @@
 // backward_publish, a chunk's params also get its new values right after its speculative
 // update (published_): stored for a param in host memory, sent up on the H2D stream (the cpu
 // step's upload path) for a device param; a restore first waits for those copies, then writes
-// or sends the restored master weights back.
+// or sends the restored master weights back. A param in host memory with a master of its own
+// (adopts_param_writes) has what was written to it outside the optimizer adopted into its
+// master before a chunk's backup, and again when step() or a restore finds the param other
+// than the speculation left it.
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -88,6 +91,15 @@ class adam_speculation {
    *  were published (not when the plain step redoes the update and sends them anyway: its
    *  update would rewrite the master weights under that copy). */
   void restore(std::size_t index, bool republish) noexcept;
+  /** Chunk @p index (a kept update of a param that adopts_param_writes) has a param other than
+   *  the speculation left it (the master stored as its dtype: the new master when published,
+   *  else the backup's): written outside the optimizer since. */
+  [[nodiscard]] bool param_written(std::size_t index) const noexcept;
+  /** param_written() for every kept chunk that adopts writes, on the workers, into written_. */
+  void find_written();
+  [[nodiscard]] const float* backup_master(const chunk_ref& c) const noexcept {
+    return static_cast<const float*>(backup_[c.slot].data()) + c.offset;
+  }
   void publish(const chunk_ref& c, const param_state& p, std::size_t slot_hint);
   /** Before restoring published device chunks: their copies, which read the master weights,
    *  finish (a failed one leaves the device params stale: re-sent before their next use). */
@@ -107,6 +119,8 @@ class adam_speculation {
   std::vector<char> announced_;                      // per chunk (caller's threads)
   std::vector<char> updated_;                        // per chunk (workers, then step())
   std::vector<char> published_;                      // per chunk (workers, then step())
+  std::vector<char> written_;                        // per chunk: find_written()'s finding
+  std::vector<float> reference_;  // restore(): the values a param was compared with
   std::function<void(const chunk_ref&, std::size_t)> upload_;
   bool any_ = false;      // something announced this step
   bool running_ = false;  // the pools run a batch of speculate() (grad_ready() starts one)

@@ -137,8 +137,11 @@ void offload_adam::impl::read_params(const detail::param_state& p) {
   if (p.master_split()) {  // the param's value, exactly: no remainder
     std::memset(p.master_low, 0, p.desc.elements * sizeof(std::uint16_t));
   } else if (!p.master_is_param) {
-    detail::load_as_f32(p.desc.param_on_host ? p.desc.param : host, p.desc.dtype, p.master_p(),
-                        p.desc.elements);
+    // The values that differ from the master stored as the param's dtype (an unchanged one
+    // keeps the master's precision, as a step's own check does).
+    const void* values = p.desc.param_on_host ? p.desc.param : host;
+    detail::adopt_param_writes(core.kernel, p.master_p(), p.master_p(), values, p.desc.dtype,
+                               p.desc.elements);
   }
 }
 
@@ -578,6 +581,7 @@ std::string adam_metrics::to_json() const {
   w.key("overlap").value(to_string(overlap)).key("rollback_bytes").value(rollback_bytes);
   w.key("speculative_steps").value(speculative_steps).key("rollbacks").value(rollbacks);
   w.key("rolled_back_chunks").value(rolled_back_chunks);
+  w.key("param_writes_adopted").value(param_writes_adopted);
   w.end_object().end_object();
   return w.str();
 }

@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "adam_harness.hpp"
 #include "adam_host_fixture.hpp"
 #include "test_support.hpp"
 #include "tierflow/detail/adam_kernels.hpp"
@@ -256,4 +257,135 @@ TEST_CASE("set_grads checks every grad before setting any", "[adam]") {
   const auto r = opt.step();
   CHECK(r.applied);  // with the grads given at creation, finite
   dev->memory().deallocate(on_device, params[1].size() * sizeof(float));
+}
+
+namespace {
+
+// The rule adopt_param_writes() implements, an element at a time: where the param differs
+// from the master stored as its dtype, the master takes the param's value.
+std::size_t adopt_by_hand(std::vector<float>& master, const void* param, param_dtype dtype) {
+  const std::size_t eb = dtype_bytes(dtype);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < master.size(); ++i) {
+    unsigned char stored[4];
+    detail::store_params(adam_kernel::scalar, &master[i], stored, dtype, 1);
+    const auto* at = static_cast<const unsigned char*>(param) + i * eb;
+    if (std::memcmp(stored, at, eb) != 0) {
+      detail::load_as_f32(at, dtype, &master[i], 1);
+      ++differ;
+    }
+  }
+  return differ;
+}
+
+}  // namespace
+
+TEST_CASE("adopt_param_writes: every kernel finds the params written outside the master",
+          "[adam]") {
+  auto gen = tierflow::test::rng(3504);
+  for (adam_kernel kernel : tierflow::test::kernels_here()) {
+    for (param_dtype dtype : {param_dtype::f32, param_dtype::bf16, param_dtype::f16}) {
+      const std::size_t n = std::uniform_int_distribution<std::size_t>(1, 5000)(gen);
+      host_param p(dtype, n, gen);
+      std::vector<float> master = p.master;  // the param is the master stored as its dtype
+      auto* param = static_cast<unsigned char*>(p.param());
+      const std::size_t eb = dtype_bytes(dtype);
+      // Random elements written: new values, and some the same value again (not a change).
+      std::normal_distribution<float> d(0.f, 2.f);
+      for (std::size_t k = std::uniform_int_distribution<std::size_t>(0, n / 3)(gen); k > 0; --k) {
+        const std::size_t i = gen() % n;
+        const float value = gen() % 4 == 0 ? master[i] : d(gen);
+        unsigned char bits[4];
+        detail::store_params(adam_kernel::scalar, &value, bits, dtype, 1);
+        std::memcpy(param + i * eb, bits, eb);
+      }
+      std::vector<float> expect = master;
+      const std::size_t want = adopt_by_hand(expect, param, dtype);
+      INFO("kernel " << to_string(kernel) << ", " << to_string(dtype) << ", " << n << " elements, "
+                     << want << " written");
+      CHECK(detail::adopt_param_writes(kernel, master.data(), nullptr, param, dtype, n) == want);
+      CHECK(same_bits(master, p.master));  // counted only
+      CHECK(detail::adopt_param_writes(kernel, master.data(), master.data(), param, dtype, n) ==
+            want);
+      CHECK(same_bits(master, expect));
+      CHECK(detail::adopt_param_writes(kernel, master.data(), nullptr, param, dtype, n) == 0);
+    }
+  }
+}
+
+TEST_CASE(
+    "cpu mode: a host param's write outside the optimizer (no call) is what the next step "
+    "starts from, in each overlap mode",
+    "[adam]") {
+  auto gen = tierflow::test::rng(3505);
+  const topology topo = topology::discover();
+  auto policy = test_placement(topo);
+  auto dev = host_test_device();
+  for (const adam_overlap overlap :
+       {adam_overlap::none, adam_overlap::backward, adam_overlap::backward_publish}) {
+    // bf16 and fp16 params have a master of their own; with an overlap fp32 ones do too.
+    std::vector<host_param> params;
+    params.emplace_back(param_dtype::bf16, std::uniform_int_distribution<std::size_t>(1, 9000)(gen),
+                        gen);
+    params.emplace_back(param_dtype::f32, std::uniform_int_distribution<std::size_t>(1, 9000)(gen),
+                        gen);
+    params.emplace_back(param_dtype::f16, std::uniform_int_distribution<std::size_t>(1, 3000)(gen),
+                        gen);
+    adam_hyper hyper;
+    hyper.lr = 1e-2;
+    hyper.weight_decay = 0.05;
+    for (auto& p : params) {
+      p.draw_grads(gen);
+    }
+    const adam_group group = group_of(params, "p", hyper);
+    adam_options o;
+    o.mode = adam_mode::cpu;
+    o.overlap = overlap;
+    o.threads = static_cast<unsigned>(std::uniform_int_distribution<int>(1, 3)(gen));
+    o.chunk_elements = std::uniform_int_distribution<std::size_t>(256, 4096)(gen);
+    INFO("overlap " << to_string(o.overlap) << ", chunks of " << o.chunk_elements);
+    offload_adam opt(*dev, {group}, o, policy);
+    std::uint64_t written = 0;  // values the reference adopted: those a master of its own sees
+    for (int step = 0; step < 5; ++step) {
+      for (auto& p : params) {
+        p.draw_grads(gen);
+        if (step % 2 == 1) {  // writes between two steps, before the next backward pass
+          std::normal_distribution<float> d(0.f, 1.f);
+          auto* param = static_cast<unsigned char*>(p.param());
+          const std::size_t eb = dtype_bytes(p.dtype);
+          for (std::size_t k = 1 + gen() % (p.size() / 2 + 1); k > 0; --k) {
+            const float value = d(gen);
+            detail::store_params(adam_kernel::scalar, &value, param + (gen() % p.size()) * eb,
+                                 p.dtype, 1);
+          }
+          const std::size_t adopted = adopt_by_hand(p.master, p.param(), p.dtype);
+          // An fp32 param stepped without an overlap is its own master: nothing to adopt.
+          const bool own = p.dtype == param_dtype::f32 && o.overlap == adam_overlap::none;
+          written += own ? 0 : adopted;
+        }
+        p.reference_step(hyper);
+      }
+      if (o.overlap != adam_overlap::none) {
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          opt.grad_ready(0, i);
+        }
+      }
+      REQUIRE(opt.step().applied);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        INFO("param " << i << " (" << to_string(params[i].dtype) << ", " << params[i].size()
+                      << " elements), step " << step);
+        CHECK(same_bits(opt.master_weights(0, i), params[i].master));
+        CHECK(same_bits(opt.exp_avg(0, i), params[i].m));
+        CHECK(same_bits(opt.exp_avg_sq(0, i), params[i].v));
+        std::vector<float> expect(params[i].size());
+        std::vector<unsigned char> narrow(params[i].size() * 4);
+        detail::store_params(adam_kernel::scalar, params[i].master.data(), narrow.data(),
+                             params[i].dtype, expect.size());
+        detail::load_as_f32(narrow.data(), params[i].dtype, expect.data(), expect.size());
+        CHECK(same_bits(params[i].param_as_f32(), expect));
+      }
+    }
+    REQUIRE(written > 0);
+    CHECK(opt.metrics().param_writes_adopted == written);
+  }
 }

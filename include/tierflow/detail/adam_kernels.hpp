@@ -30,6 +30,14 @@ void adam_update(adam_kernel kernel, float* p, float* m, float* v, const void* g
 void store_params(adam_kernel kernel, const float* src, void* dst, param_dtype dtype,
                   std::size_t n) noexcept;
 
+/** Compares @p n params of @p dtype with @p reference as store_params would write it: counts
+ *  the params that differ (bit for bit), and where @p out is not null writes each such param,
+ *  as fp32 (exact), into @p out at its index. With @p out the master itself it adopts a write
+ *  to the params that the master did not see (one through a tensor's .data, which no version
+ *  counter records); @p out may be @p reference. */
+std::size_t adopt_param_writes(adam_kernel kernel, const float* reference, float* out,
+                               const void* param, param_dtype dtype, std::size_t n) noexcept;
+
 /** Reads @p n values of @p dtype as fp32 (exact). */
 void load_as_f32(const void* src, param_dtype dtype, float* dst, std::size_t n) noexcept;
 
