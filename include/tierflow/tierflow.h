@@ -273,8 +273,10 @@ tf_status tf_adam_get_state(const tf_adam* adam, size_t index, float* master, fl
  * nothing. */
 tf_status tf_adam_set_state(tf_adam* adam, size_t index, const float* master, const float* exp_avg,
                             const float* exp_avg_sq, size_t elements, unsigned long long step);
-/* Re-reads param `index`'s master weights from its device param (widening bf16/f16), e.g.
- * after the framework changed the param's values outside the optimizer. */
+/* Re-reads param `index`'s master weights from its param (widening bf16/f16) where its values
+ * differ from the master stored as its dtype, e.g. after the framework changed the param's
+ * values outside the optimizer. A param in host memory stepped in cpu mode needs no call: each
+ * step compares it with its master so (metrics: param_writes_adopted). */
 tf_status tf_adam_refresh_master(tf_adam* adam, size_t index);
 /* Where the state's pages are, as JSON into buffer (as tf_adam_metrics_json):
  * {"page_bytes":4096,"master_params":{"total_pages":N,"untouched_pages":N,"nodes":{"0":N,...}},

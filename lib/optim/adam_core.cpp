@@ -152,8 +152,7 @@ void adam_core::count_adopted() {
   }
 }
 
-void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars,
-                               bool adopt_writes) {
+void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes) {
   param_state& p = param_of(c);
   if (adopt_writes && p.adopts_param_writes()) {
     // Blocks of 32 Ki elements (a multiple of an int8 state block): compared, then updated.

@@ -203,9 +203,8 @@ void adam_speculation::restore(std::size_t index, bool republish) noexcept {
   if (written) {
     const auto* param =
         static_cast<const unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
-    core_.adopted[index] += adopt_param_writes(core_.kernel, reference_.data(),
-                                               p.master_p() + c.offset, param, p.desc.dtype,
-                                               c.count);
+    core_.adopted[index] += adopt_param_writes(
+        core_.kernel, reference_.data(), p.master_p() + c.offset, param, p.desc.dtype, c.count);
   }
   // A param in host memory is always rewritten (a store): the plain step that redoes the
   // update compares it with the master for writes made outside the optimizer.
