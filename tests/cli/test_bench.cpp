@@ -157,6 +157,11 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
       CHECK(tc.at("bytes") == 26 * tc.at("params").get<std::uint64_t>());
       CHECK(tc.at("verified") == true);
       CHECK(tc.at("bytes_d2h") == 0);
+    } else if (name == "adam_step_bf16") {
+      ++adam;  // bf16 p and g, an fp32 master: g 2, master 8, p read and written 4, m and v 16
+      CHECK(tc.at("bytes") == 30 * tc.at("params").get<std::uint64_t>());
+      CHECK(tc.at("verified") == true);
+      CHECK(tc.at("bytes_d2h") == 0);
     } else {
       FAIL("a case --case node_,adam did not select: " << name);
     }
@@ -179,7 +184,7 @@ TEST_CASE("bench --json: the initiator x target matrix, its units and byte count
     CHECK(cells[name].size() == expected);
   }
   CHECK(latency_pairs.size() == initiators.size() * nodes);
-  CHECK(adam == 5 * static_cast<int>(nodes));
+  CHECK(adam == 6 * static_cast<int>(nodes));
 
   // The kept values are what topology discovery now reports, with source "measured".
   const auto topo = run_cli({"topo", "--json"}, env);
@@ -537,13 +542,15 @@ TEST_CASE("bench --state-dtype: each dtype's Adam cases, their bytes per param, 
     REQUIRE(name.size() > suffix.size());
     CHECK(name.substr(name.size() - suffix.size()) == suffix);
     const std::string base = name.substr(0, name.size() - suffix.size());
-    const double expected = moments.at(dtype) + (base == "adam_step_remainder" ? 10.0 : 12.0);
+    const double expected = moments.at(dtype) + (base == "adam_step_remainder" ? 10.0
+                                                 : base == "adam_step_bf16"    ? 14.0
+                                                                               : 12.0);
     CHECK(tc.at("bytes_per_param").get<double>() == expected);
     CHECK(tc.at("verified") == true);
     ++seen[base];
   }
-  for (const char* base :
-       {"adam_bound", "adam_cpu", "adam_step", "adam_step_clip", "adam_step_remainder"}) {
+  for (const char* base : {"adam_bound", "adam_cpu", "adam_step", "adam_step_clip",
+                           "adam_step_remainder", "adam_step_bf16"}) {
     INFO(base);
     CHECK(seen[base] == 3);
   }

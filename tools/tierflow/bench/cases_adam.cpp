@@ -284,21 +284,24 @@ struct kernel_measure final : adam_measure {
 // The whole step as a user calls it: offload_adam in cpu mode over p and g in host memory
 // (its own m and v, placed on the target node; p is its own master), through the public API.
 // With @p split, the params and grads are bf16 (p and g rounded) and the master is kept in 16
-// bits beside the param (adam_master::remainder): a bf16 model's step.
+// bits beside the param (adam_master::remainder): a bf16 model's step. With @p bf16 alone, the
+// same bf16 params with a separate fp32 master, which each step compares with the param (a
+// write outside the optimizer is adopted) before updating it.
 struct step_measure final : adam_measure {
   step_measure(const char* case_name, adam_state& state, const bench_site& where,
-               const run_context& ctx, bool clip, bool split)
+               const run_context& ctx, bool clip, bool split, bool bf16)
       : adam_measure(case_name, state, where),
         dev(open_device("emulated")),
         placement(ctx.topo, options_for(ctx.topo, where.to)),
-        remainder(split) {
+        remainder(split),
+        bf16_params(split || bf16) {
     adam_param param;
     param.name = "p";
     param.param = st.p;
     param.grad = st.g;
     param.elements = st.n;
     adam_options options;
-    if (remainder) {
+    if (bf16_params) {
       for (std::uint16_t** a : {&p16, &g16}) {
         halves.push_back(std::make_unique<node_buffer>(
             where.to.id.value, st.n * 2 + detail::stagger_slack, ctx.config.huge_pages));
@@ -310,7 +313,7 @@ struct step_measure final : adam_measure {
       param.param = p16;
       param.grad = g16;
       param.dtype = param_dtype::bf16;
-      options.master = adam_master::remainder;
+      options.master = remainder ? adam_master::remainder : adam_master::fp32;
       const std::size_t first = st.probe / state_block * state_block;
       detail::load_as_f32(p16 + first, param_dtype::bf16, probe_master.data(), state_block);
     }
@@ -326,12 +329,16 @@ struct step_measure final : adam_measure {
   }
 
   [[nodiscard]] double bytes_per_param() const override {
-    return remainder ? detail::adam_bytes_per_param_remainder(dtype)
-                     : adam_bytes_per_param_for(dtype);
+    if (remainder) {
+      return detail::adam_bytes_per_param_remainder(dtype);
+    }
+    // bf16 params with an fp32 master: g 2 B, the master read and written 8, the param read
+    // (the compare) and written 4, where fp32 params move 12 (g 4, p 8).
+    return adam_bytes_per_param_for(dtype) + (bf16_params ? 2.0 : 0.0);
   }
 
   double once() override {
-    if (remainder) {
+    if (bf16_params) {
       return once_split();
     }
     // The probe's block: p as the other cases left it, the moments as this optimizer's
@@ -349,7 +356,8 @@ struct step_measure final : adam_measure {
   }
 
   // The probe's block stepped beside by the scalar kernel from its fp32 master (the param's
-  // value at the start): the param must be that master rounded, ties away, after each step.
+  // value at the start): the param must be that master rounded after each step (ties away in
+  // 16 bits, to nearest even from an fp32 master).
   double once_split() {
     const std::size_t first = st.probe / state_block * state_block;
     const auto scalars = detail::make_adam_scalars(st.hyper, ++steps, 1.0);
@@ -359,7 +367,12 @@ struct step_measure final : adam_measure {
     detail::adam_update_state(adam_kernel::scalar, probe_master.data(), block.arrays, 0,
                               g16 + first, param_dtype::bf16, state_block, scalars);
     std::vector<std::uint16_t> high(state_block), low(state_block);
-    detail::split_master(probe_master.data(), high.data(), low.data(), state_block);
+    if (remainder) {
+      detail::split_master(probe_master.data(), high.data(), low.data(), state_block);
+    } else {
+      detail::store_params(adam_kernel::scalar, probe_master.data(), high.data(), param_dtype::bf16,
+                           state_block);
+    }
     verified = verified && r.applied && std::equal(high.begin(), high.end(), p16 + first);
     return s;
   }
@@ -368,7 +381,9 @@ struct step_measure final : adam_measure {
     const adam_metrics m = opt->metrics();
     tc["api"] = "offload_adam::step, cpu mode, p and g in host memory, " +
                 std::string(to_string(dtype)) + " moments" +
-                (remainder ? ", bf16 p and g, the master in 16 bits (remainder)" : "");
+                (remainder     ? ", bf16 p and g, the master in 16 bits (remainder)"
+                 : bf16_params ? ", bf16 p and g, an fp32 master compared with p each step"
+                               : "");
     tc["bytes_d2h"] = m.bytes_d2h;
     tc["state_bytes"] = m.state_bytes;
     // Where a step's time goes (means over every step, the warm-up's included): the grads'
@@ -393,7 +408,8 @@ struct step_measure final : adam_measure {
   std::unique_ptr<device> dev;
   placement_policy placement;
   bool remainder = false;
-  std::vector<std::unique_ptr<node_buffer>> halves;  // bf16 p and g (remainder)
+  bool bf16_params = false;                          // remainder, or an fp32 master
+  std::vector<std::unique_ptr<node_buffer>> halves;  // bf16 p and g
   std::uint16_t* p16 = nullptr;
   std::uint16_t* g16 = nullptr;
   std::vector<float> probe_master = std::vector<float>(state_block);
@@ -439,10 +455,10 @@ std::unique_ptr<adam_measure> make_simple(const char* name, const run_context&, 
   return std::make_unique<M>(name, st, site);
 }
 
-template <bool Clip, bool Split = false>
+template <bool Clip, bool Split = false, bool Bf16 = false>
 std::unique_ptr<adam_measure> make_step(const char* name, const run_context& ctx, adam_state& st,
                                         const bench_site& site) {
-  return std::make_unique<step_measure>(name, st, site, ctx, Clip, Split);
+  return std::make_unique<step_measure>(name, st, site, ctx, Clip, Split, Bf16);
 }
 
 void run_adam_site(run_context& ctx, const numa_node& from, const numa_node& to,
@@ -506,7 +522,11 @@ case_group adam_group() {
                      make_step<true>),
            adam_case("adam_step_remainder",
                      "adam_step over bf16 params and grads, the master in 16 bits beside them",
-                     make_step<false, true>)},
+                     make_step<false, true>),
+           adam_case("adam_step_bf16",
+                     "adam_step over bf16 params and grads with an fp32 master (compared with "
+                     "the param each step)",
+                     make_step<false, false, true>)},
           run_adam_site};
 }
 
