@@ -152,30 +152,36 @@ void adam_core::count_adopted() {
   }
 }
 
-void adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes) {
+bool adam_core::update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes) {
   param_state& p = param_of(c);
   if (adopt_writes && p.adopts_param_writes()) {
-    // Blocks of 32 Ki elements (a multiple of an int8 state block): compared, then updated.
-    constexpr std::size_t block = std::size_t{1} << 15;
+    // Blocks of 4 Ki elements (a multiple of an int8 state block; 16 KiB of master, in L1):
+    // compared, updated, then stored into the param, which the compare brought into cache (no
+    // later pass reads the master again to write it).
+    constexpr std::size_t block = std::size_t{1} << 12;
+    const std::size_t eb = dtype_bytes(p.desc.dtype);
     for (std::size_t off = 0; off < c.count; off += block) {
       chunk_ref part = c;
       part.offset = c.offset + off;
       part.count = std::min(block, c.count - off);
       adopt_param_writes(part);
-      adam_update_state(kernel, p.master_p() + part.offset, p.moments_at, part.offset,
-                        host_grads(c) + off * dtype_bytes(p.desc.dtype), p.desc.dtype, part.count,
-                        scalars);
+      float* master = p.master_p() + part.offset;
+      adam_update_state(kernel, master, p.moments_at, part.offset, host_grads(c) + off * eb,
+                        p.desc.dtype, part.count, scalars);
+      store_params(kernel, master, static_cast<unsigned char*>(p.desc.param) + part.offset * eb,
+                   p.desc.dtype, part.count);
     }
-    return;
+    return true;
   }
   if (p.master_split()) {
     adam_update_split(kernel, static_cast<std::uint16_t*>(p.desc.param) + c.offset,
                       p.master_low + c.offset, p.moments_at, c.offset, host_grads(c), p.desc.dtype,
                       c.count, scalars);
-    return;
+    return true;
   }
   adam_update_state(kernel, p.master_p() + c.offset, p.moments_at, c.offset, host_grads(c),
                     p.desc.dtype, c.count, scalars);
+  return p.master_is_param;
 }
 
 void adam_core::count_step() {

@@ -114,9 +114,10 @@ struct adam_core {
   bool read_grads_in_place(const chunk_ref& c);
   // The Adam update of chunk @p c in the tier, from its grads in the host grads buffer. With
   // @p adopt_writes, a param that adopts_param_writes() first has its master take what was
-  // written to the param outside the optimizer (block by block, each just before its update,
-  // so that the update finds the master and the param in cache).
-  void update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes = false);
+  // written to the param outside the optimizer, and then the new values, block by block (each
+  // block's compare, update and store in cache). Returns whether the param holds the update
+  // (that, or it is the master or its high half), so that no upload is due.
+  bool update_on_host(const chunk_ref& c, const adam_scalars& scalars, bool adopt_writes = false);
   // Chunk @p c's master takes its param's values where they differ from the master stored as
   // the param's dtype (counted in adopted); for a param that adopts_param_writes().
   void adopt_param_writes(const chunk_ref& c);

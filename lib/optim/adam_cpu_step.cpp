@@ -242,12 +242,13 @@ void adam_cpu_step::update_and_upload(stream& h2d, const std::vector<adam_scalar
     if (!core_.active(c)) {
       return;
     }
+    bool written = false;
     if (speculation_ == nullptr || !speculation_->updated(index)) {
       // Its param is the master stored as its dtype, but where written outside the optimizer
       // (a speculative update the step did not keep was restored, params included).
-      core_.update_on_host(c, scalars[c.slot], true);
+      written = core_.update_on_host(c, scalars[c.slot], true);
     }
-    if (speculation_ == nullptr || !speculation_->published(index)) {
+    if (!written && (speculation_ == nullptr || !speculation_->published(index))) {
       upload_chunk(h2d, c, slot_hint);
     }
   };

@@ -127,6 +127,41 @@ TIERFLOW_AVX2 void store_avx2(const float* src, void* dst, param_dtype dtype,
   store_scalar(src, dst, dtype, i, n);
 }
 
+// How many of the first @p n elements (a multiple of 8 at most) match: eight at a time, the
+// reference stored as store8 stores it against the params' bits; stops at the first group of
+// eight with a difference, returned as its start.
+TIERFLOW_AVX2 std::size_t same_prefix_avx2(const float* reference, const void* param,
+                                           param_dtype dtype, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(reference + i);
+    bool same = false;
+    switch (dtype) {
+      case param_dtype::f32: {
+        const __m256i p = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(static_cast<const float*>(param) + i));
+        same = _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_castps_si256(x), p)) == -1;
+        break;
+      }
+      case param_dtype::bf16:
+      case param_dtype::f16: {
+        const __m128i p = _mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(param) + i));
+        const __m128i stored =
+            dtype == param_dtype::bf16
+                ? to_bf16_8(x)
+                : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        same = _mm_movemask_epi8(_mm_cmpeq_epi16(stored, p)) == 0xffff;
+        break;
+      }
+    }
+    if (!same) {
+      break;
+    }
+  }
+  return i;
+}
+
 TIERFLOW_AVX2 double sum_squares_avx2(const void* grad, param_dtype dtype, std::size_t n) noexcept {
   __m256d acc[sum_lanes / 4];  // acc[k]: lanes 4k .. 4k+3
   for (auto& a : acc) {
@@ -378,15 +413,24 @@ void store_params(adam_kernel kernel, const float* src, void* dst, param_dtype d
 
 std::size_t adopt_param_writes(adam_kernel kernel, const float* reference, float* out,
                                const void* param, param_dtype dtype, std::size_t n) noexcept {
-  // Blocks of the reference stored as params and compared whole (SIMD rounding, memcmp); an
-  // element at a time only where a block differs.
+  // Blocks of the reference: with AVX2, the equal groups of eight at the block's start are
+  // compared in registers; from the first that differs (scalar: from the start) the rest of the
+  // block is stored as params and compared whole, then an element at a time if it differs.
   constexpr std::size_t block = 512;
   alignas(64) unsigned char stored[block * sizeof(float)];
   const std::size_t eb = dtype_bytes(dtype);
   const auto* in = static_cast<const unsigned char*>(param);
+  const bool simd = kernel == adam_kernel::avx2 || kernel == adam_kernel::avx512;
   std::size_t differ = 0;
-  for (std::size_t i = 0; i < n; i += block) {
-    const std::size_t k = std::min(block, n - i);
+  for (std::size_t start = 0; start < n; start += block) {
+    const std::size_t end = std::min(start + block, n);
+    const std::size_t i =
+        start +
+        (simd ? same_prefix_avx2(reference + start, in + start * eb, dtype, end - start) : 0);
+    const std::size_t k = end - i;
+    if (k == 0) {
+      continue;
+    }
     store_params(kernel, reference + i, stored, dtype, k);
     if (std::memcmp(stored, in + i * eb, k * eb) == 0) {
       continue;
