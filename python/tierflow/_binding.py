@@ -154,12 +154,13 @@ class _Binding:
         for i, (_, p) in enumerate(entries):
             if id(p) in carried:
                 state = carried[id(p)]
-                if homes.get(id(p)) != _home(p):
-                    # .data replaced (vector_to_parameters, a manual swap): the new values are
-                    # the param's now, so its master is read from them, not carried over
-                    state.master = None
                 if state.step > 0:
                     _state.write(adam, i, p, state)
+                    if homes.get(id(p)) != _home(p):
+                        # .data replaced (vector_to_parameters, a manual swap): the new values
+                        # are the param's now, read into its master as an in-place write of
+                        # them is (where one differs from the master rounded to its dtype)
+                        _capi.call("tf_adam_refresh_master", adam, i)
         self._layout_key = key
         self._record_versions()
 
