@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from tf_helpers import mse_backward, teacher_batches
 from tierflow.torch import OffloadAdamW, offload_parameters
 
 BF16 = torch.bfloat16
@@ -64,19 +65,10 @@ class Net(nn.Module):
 
 
 def batches(gen, n, rows=16):
-    teacher = torch.randn(48, 41, generator=gen) / 48 ** 0.5
-    out = []
-    for _ in range(n):
-        x = torch.randn(rows, 48, generator=gen)
-        out.append((x, torch.tanh(x @ teacher) + 0.05 * torch.randn(rows, 41, generator=gen)))
-    return out
+    return teacher_batches(gen, n, rows)
 
 
-def backward(net, batch):
-    x, y = batch
-    for p in net.parameters():
-        p.grad = None
-    nn.functional.mse_loss(net(x), y).backward()
+backward = mse_backward
 
 
 def same_grads(src, *dst):

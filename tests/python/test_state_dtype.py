@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from tf_helpers import mse_backward, teacher_batches
 from tierflow.torch import OffloadAdamW
 
 BLOCK = 256  # int8: elements per scale
@@ -86,22 +87,10 @@ def make_model():
 
 
 def data(gen, n, rows=32):
-    """Batches of a learnable task: a random teacher's outputs, plus a little noise."""
-    teacher = torch.randn(48, 41, generator=gen) / 48 ** 0.5
-    out = []
-    for _ in range(n):
-        x = torch.randn(rows, 48, generator=gen)
-        out.append((x, torch.tanh(x @ teacher) + 0.05 * torch.randn(rows, 41, generator=gen)))
-    return out
+    return teacher_batches(gen, n, rows)
 
 
-def grads_of(net, batch):
-    x, y = batch
-    for p in net.parameters():
-        p.grad = None
-    loss = nn.functional.mse_loss(net(x), y)
-    loss.backward()
-    return float(loss.detach())
+grads_of = mse_backward
 
 
 def train(net, opt, batches):

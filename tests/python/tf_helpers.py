@@ -53,6 +53,26 @@ def train_step(model, opt, data, reference=None):
     return float(loss)
 
 
+def teacher_batches(gen, n, rows, inputs=48, outputs=41):
+    """Batches of a learnable task: a random teacher's outputs, plus a little noise."""
+    teacher = torch.randn(inputs, outputs, generator=gen) / inputs ** 0.5
+    out = []
+    for _ in range(n):
+        x = torch.randn(rows, inputs, generator=gen)
+        out.append((x, torch.tanh(x @ teacher) + 0.05 * torch.randn(rows, outputs, generator=gen)))
+    return out
+
+
+def mse_backward(net, batch):
+    """Fresh grads of the MSE loss of `net` on `batch`; the loss as a float."""
+    x, y = batch
+    for p in net.parameters():
+        p.grad = None
+    loss = nn.functional.mse_loss(net(x), y)
+    loss.backward()
+    return float(loss.detach())
+
+
 def assert_close_to_scale(actual, expected, tolerance=1e-5, what=""):
     """Every element within `tolerance` of the expected tensor's scale (its largest |value|)."""
     scale = max(float(expected.abs().max()), 1e-12)
