@@ -51,7 +51,7 @@ struct param_state {
   [[nodiscard]] adam_state_dtype state_dtype() const noexcept { return moments_at.dtype; }
   /** A param in host memory with a master of its own: a write to the param that the master
    *  did not see (through a tensor's .data: no version records it) is found by comparing the
-   *  param with the master stored as the param's dtype, and adopted (adam_param_writes). */
+   *  param with the master stored as the param's dtype, and adopted (adopt_param_writes). */
   [[nodiscard]] bool adopts_param_writes() const noexcept {
     return desc.param_on_host && !update_writes_param();
   }

@@ -161,7 +161,7 @@ void adam_speculation::settle_uploads() noexcept {
 bool adam_speculation::param_written(std::size_t index) const noexcept {
   const chunk_ref& c = core_.chunks[index];
   const param_state& p = *param_by_slot_[c.slot];
-  const float* reference = published_[index] != 0 ? p.master_p() + c.offset : backup_master(c);
+  const float* reference = left_in_param(index);
   const auto* param =
       static_cast<const unsigned char*>(p.desc.param) + c.offset * dtype_bytes(p.desc.dtype);
   return adopt_param_writes(core_.kernel, reference, nullptr, param, p.desc.dtype, c.count) > 0;
@@ -193,7 +193,7 @@ void adam_speculation::restore(std::size_t index, bool republish) noexcept {
   // found against what the speculation left there, then adopted into the restored master.
   const bool written = p.adopts_param_writes() && param_written(index);
   if (written) {
-    const float* left = published_[index] != 0 ? p.master_p() + c.offset : backup_master(c);
+    const float* left = left_in_param(index);
     std::copy(left, left + c.count, reference_.begin());
   }
   std::memcpy(p.master_p() + c.offset, backup + c.offset * sizeof(float), c.count * sizeof(float));

@@ -92,13 +92,17 @@ class adam_speculation {
    *  update would rewrite the master weights under that copy). */
   void restore(std::size_t index, bool republish) noexcept;
   /** Chunk @p index (a kept update of a param that adopts_param_writes) has a param other than
-   *  the speculation left it (the master stored as its dtype: the new master when published,
-   *  else the backup's): written outside the optimizer since. */
+   *  the speculation left it (left_in_param() stored as its dtype): written outside the
+   *  optimizer since. */
   [[nodiscard]] bool param_written(std::size_t index) const noexcept;
   /** param_written() for every kept chunk that adopts writes, on the workers, into written_. */
   void find_written();
-  [[nodiscard]] const float* backup_master(const chunk_ref& c) const noexcept {
-    return static_cast<const float*>(backup_[c.slot].data()) + c.offset;
+  /** The master whose stored values the speculation left in chunk @p index's param: the new
+   *  one when it published them, else the pre-update one in the backup. */
+  [[nodiscard]] const float* left_in_param(std::size_t index) const noexcept {
+    const chunk_ref& c = core_.chunks[index];
+    return published_[index] != 0 ? param_by_slot_[c.slot]->master_p() + c.offset
+                                  : static_cast<const float*>(backup_[c.slot].data()) + c.offset;
   }
   void publish(const chunk_ref& c, const param_state& p, std::size_t slot_hint);
   /** Before restoring published device chunks: their copies, which read the master weights,
